@@ -1,0 +1,1 @@
+"""Gemma architectures for plugd."""

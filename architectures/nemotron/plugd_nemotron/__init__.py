@@ -1,0 +1,1 @@
+"""Nemotron-H architecture for plugd."""

@@ -1,0 +1,3 @@
+from plugd.cli import main
+
+main()

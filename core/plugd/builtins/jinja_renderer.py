@@ -1,0 +1,99 @@
+"""Built-in renderer: the model's own Jinja chat template, rendered in a sandbox the way transformers does."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from plugd.hookspecs import ModelFiles, Renderer, RenderRequest, hookimpl
+from plugd.types import Message, Prompt, Tool
+
+
+class ChatTemplateError(ValueError):
+    """The chat template failed to render, or raised on purpose (raise_exception)."""
+
+
+def _raise(message: str) -> None:
+    raise ChatTemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys=False):
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+@lru_cache(maxsize=32)
+def _compile(source: str):
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)
+
+
+def message_dict(message: Message) -> dict[str, Any]:
+    """A message in the shape Hugging Face chat templates read."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.thinking:
+        out["reasoning_content"] = message.thinking
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"type": "function", "id": c.id, "function": {"name": c.name, "arguments": c.arguments}}
+            for c in message.tool_calls
+        ]
+    if message.tool_call_id:
+        out["tool_call_id"] = message.tool_call_id
+    if message.tool_name:
+        out["name"] = message.tool_name
+    return out
+
+
+def tool_dict(tool: Tool) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters},
+    }
+
+
+def _token_text(value: Any) -> str:
+    # tokenizer_config stores special tokens either as strings or as AddedToken dicts.
+    if isinstance(value, dict):
+        return value.get("content", "")
+    return value or ""
+
+
+def render(request: RenderRequest) -> Prompt:
+    template = request.model.chat_template
+    if not template:
+        raise ChatTemplateError("the model has no chat template")
+    context: dict[str, Any] = {
+        "messages": [message_dict(m) for m in request.messages],
+        "add_generation_prompt": True,
+        "bos_token": _token_text(request.model.tokenizer_config.get("bos_token")),
+        "eos_token": _token_text(request.model.tokenizer_config.get("eos_token")),
+    }
+    if request.tools:
+        context["tools"] = [tool_dict(t) for t in request.tools]
+    if request.think is not None:
+        context["enable_thinking"] = bool(request.think)
+    try:
+        text = _compile(template).render(**context)
+    except ChatTemplateError:
+        raise
+    except TemplateError as exc:
+        raise ChatTemplateError(f"chat template error: {exc}") from exc
+    images = [image for m in request.messages for image in m.images]
+    return Prompt(text=text, media=images)
+
+
+def _has_template(model: ModelFiles) -> bool:
+    return bool(model.chat_template)
+
+
+@hookimpl
+def plugd_renderers():
+    return [Renderer(name="jinja", render=render, detect=_has_template)]

@@ -1,0 +1,201 @@
+"""The `plugd` command. Everything but `serve` and `plugins` talks to the daemon found through PLUGD_HOST."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from plugd import __version__, plugins
+from plugd.client import DaemonClient, DaemonError
+from plugd.store.modelfile import ModelfileError, parse_modelfile
+
+# Files of a Hugging Face model directory that `create` uploads; weights in other formats are skipped.
+MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".jinja", ".txt", ".model", ".tiktoken")
+
+
+def human_size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def human_age(iso: str) -> str:
+    seconds = (datetime.now(timezone.utc) - datetime.fromisoformat(iso)).total_seconds()
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size:
+            count = int(seconds // size)
+            return f"{count} {unit}{'s' if count > 1 else ''} ago"
+    return "Less than a minute ago"
+
+
+def table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("    ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def cmd_list(args: argparse.Namespace) -> None:
+    models = DaemonClient().json("GET", "/api/tags")["models"]
+    rows = [["NAME", "ID", "SIZE", "MODIFIED"]]
+    rows += [[m["name"], m["digest"][:12], human_size(m["size"]), human_age(m["modified_at"])] for m in models]
+    print(table(rows))
+
+
+def cmd_show(args: argparse.Namespace) -> None:
+    info = DaemonClient().json("POST", "/api/show", {"model": args.model, "verbose": args.verbose})
+    for field in ("modelfile", "parameters", "template", "system", "license"):
+        if getattr(args, field):
+            print(info.get(field, ""))
+            return
+    details, model_info = info["details"], info["model_info"]
+    family = model_info.get("general.architecture", "")
+    sections: list[tuple[str, list[list[str]]]] = [
+        ("Model", [
+            ["architecture", family],
+            ["parameters", details.get("parameter_size", "")],
+            ["context length", str(model_info.get(f"{family}.context_length", ""))],
+            ["quantization", details.get("quantization_level", "")],
+        ]),
+        ("Capabilities", [[c] for c in info.get("capabilities", [])]),
+        ("Parameters", [line.split(None, 1) for line in info.get("parameters", "").splitlines()]),
+        ("System", [[line] for line in info.get("system", "").splitlines()]),
+        ("License", [[line] for line in info.get("license", "").splitlines()[:2]]),
+    ]
+    if args.verbose:
+        sections.append(("Tensors", [[t["name"], t["type"], str(t["shape"])] for t in info.get("tensors", [])]))
+    for title, rows in sections:
+        if rows:
+            print(f"  {title}")
+            print("\n".join("    " + line for line in table(rows).splitlines()))
+            print()
+
+
+def cmd_cp(args: argparse.Namespace) -> None:
+    DaemonClient().json("POST", "/api/copy", {"source": args.source, "destination": args.destination})
+    print(f"copied '{args.source}' to '{args.destination}'")
+
+
+def cmd_rm(args: argparse.Namespace) -> None:
+    client = DaemonClient()
+    for name in args.models:
+        client.json("DELETE", "/api/delete", {"model": name})
+        print(f"deleted '{name}'")
+
+
+def upload_model_dir(client: DaemonClient, directory: Path) -> dict[str, str]:
+    files = {}
+    for path in sorted(directory.iterdir()):
+        if path.is_file() and not path.name.startswith(".") and path.suffix in MODEL_FILE_SUFFIXES:
+            print(f"copying file {path.name}", file=sys.stderr)
+            files[path.name] = client.upload_blob(path)
+    if not files:
+        raise DaemonError(f"{directory} holds no model files")
+    return files
+
+
+def create_request(args: argparse.Namespace, client: DaemonClient) -> dict[str, Any]:
+    request: dict[str, Any] = {"model": args.model, "stream": True}
+    if args.capabilities:
+        request["capabilities"] = args.capabilities.split(",")
+    if args.from_dir:
+        request["files"] = upload_model_dir(client, Path(args.from_dir))
+        return request
+    path = Path(args.file or "Modelfile")
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise DaemonError(f"cannot read {path}: {exc.strerror}; give --from DIR or -f Modelfile") from None
+    mf = parse_modelfile(text, str(path))
+    source = (path.parent / mf.from_).expanduser()
+    if source.is_dir():
+        request["files"] = upload_model_dir(client, source)
+    else:
+        request["from"] = mf.from_
+    fields = {"system": mf.system, "template": mf.template, "renderer": mf.renderer, "parser": mf.parser}
+    request |= {k: v for k, v in fields.items() if v is not None}
+    if mf.parameters:
+        request["parameters"] = mf.parameters
+    if mf.messages:
+        request["messages"] = mf.messages
+    if mf.license:
+        request["license"] = mf.license
+    return request
+
+
+def cmd_create(args: argparse.Namespace) -> None:
+    client = DaemonClient()
+    for item in client.stream("/api/create", create_request(args, client)):
+        print(item.get("status", ""), file=sys.stderr)
+
+
+def cmd_plugins(args: argparse.Namespace) -> None:
+    registry = plugins.load()
+    if args.json:
+        print(json.dumps([attrs.asdict(p) for p in registry.plugins], indent=2))
+        return
+    rows = [["NAME", "VERSION", "HOOKS", "STATUS"]]
+    for p in registry.plugins:
+        hooks = ", ".join(h.removeprefix("plugd_") for h in p.hooks) or "-"
+        status = p.status + (f": {p.error}" if p.error else "") + (" (builtin)" if p.builtin else "")
+        rows.append([p.name, p.version, hooks, status])
+    print(table(rows))
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    from plugd.server.daemon import serve
+
+    sys.exit(serve())
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="plugd", description="A local LLM daemon with Ollama's API.")
+    top.add_argument("--version", action="version", version=f"plugd {__version__}")
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sub.add_parser("serve", help="start the daemon").set_defaults(func=cmd_serve)
+    sub.add_parser("list", aliases=["ls"], help="list models").set_defaults(func=cmd_list)
+
+    p = sub.add_parser("show", help="show a model's details")
+    p.add_argument("model")
+    for flag in ("modelfile", "parameters", "template", "system", "license"):
+        p.add_argument(f"--{flag}", action="store_true", help=f"print only the {flag}")
+    p.add_argument("-v", "--verbose", action="store_true", help="include tensors")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("cp", help="copy a model")
+    p.add_argument("source")
+    p.add_argument("destination")
+    p.set_defaults(func=cmd_cp)
+
+    p = sub.add_parser("rm", help="remove models")
+    p.add_argument("models", nargs="+")
+    p.set_defaults(func=cmd_rm)
+
+    p = sub.add_parser("create", help="create a model from a Hugging Face directory or a Modelfile")
+    p.add_argument("model")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--from", dest="from_dir", metavar="DIR", help="a Hugging Face safetensors model directory")
+    source.add_argument("-f", "--file", metavar="MODELFILE", help="a Modelfile (default: ./Modelfile)")
+    p.add_argument("--capabilities", help="comma-separated, overriding the inferred ones")
+    p.set_defaults(func=cmd_create)
+
+    p = sub.add_parser("plugins", help="list installed plugins")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plugins)
+    return top
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (DaemonError, ModelfileError, ValueError) as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,246 @@
+"""Every extension point of plugd: the whole plugin contract in one file.
+
+Each hook takes no arguments and returns a list of descriptors (attrs classes
+below). The daemon calls every hook once when it loads plugins and keeps what
+they return; a hook that raises marks its plugin failed and contributes
+nothing. Things that run inside the runner process (model code, cache
+policies, grammar engines) are named by an import path, so the daemon never
+imports MLX or torch: only the runner imports them.
+
+A plugin module implements hooks with the `hookimpl` marker:
+
+    from plugd.hookspecs import hookimpl, Renderer
+
+    @hookimpl
+    def plugd_renderers():
+        return [Renderer(name="mine", render=render)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, Protocol
+
+import pluggy
+from attrs import define, field
+
+from plugd.types import Media, Message, Prompt, Think, Tool, ToolCall
+
+PROJECT = "plugd"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@define(frozen=True)
+class ModelFiles:
+    """What a renderer or parser may look at to recognise a model: parsed config and chat template."""
+
+    config: Mapping[str, Any]
+    chat_template: str | None = None
+    tokenizer_config: Mapping[str, Any] = field(factory=dict)
+
+
+@define(frozen=True)
+class Architecture:
+    """A model class for checkpoints whose config.json has this `model_type`.
+
+    `module` is imported in the runner only. Like an mlx-lm model file it
+    defines `ModelArgs.from_dict(config)` and `Model(args)`, whose
+    `sanitize(weights)` returns the checkpoint's tensors renamed and folded
+    (lazily) into the model's own parameters, `make_cache()` returns one cache
+    per layer, and `__call__(tokens, cache)` returns logits.
+    """
+
+    model_type: str
+    module: str
+
+
+@define(frozen=True)
+class RenderRequest:
+    """A conversation to turn into a prompt for one model."""
+
+    model: ModelFiles
+    messages: Sequence[Message]
+    tools: Sequence[Tool] = ()
+    think: Think = None
+
+
+@define(frozen=True)
+class Renderer:
+    """Turns a conversation into a Prompt.
+
+    `detect`, when given, says whether this renderer is the natural one for a
+    model; `plugd create` uses it to pick the model's default renderer.
+    """
+
+    name: str
+    render: Callable[[RenderRequest], Prompt]
+    detect: Callable[[ModelFiles], bool] | None = None
+
+
+@define(frozen=True)
+class ParsedPiece:
+    """One piece of parsed model output: thinking text, answer text, or a complete tool call."""
+
+    kind: Literal["thinking", "content", "tool_call"]
+    text: str = ""
+    tool_call: ToolCall | None = None
+
+
+class StreamParser(Protocol):
+    """Consumes decoded text as it streams and returns what can already be told apart.
+
+    `feed` holds back any suffix that may still turn out to be part of a tag;
+    `finish` flushes it at the end of generation and raises ValueError when
+    the output cannot be parsed.
+    """
+
+    def feed(self, text: str) -> list[ParsedPiece]: ...
+
+    def finish(self) -> list[ParsedPiece]: ...
+
+
+@define(frozen=True)
+class Parser:
+    """Makes a streaming parser for one response, given the tools offered and whether it opens in thinking."""
+
+    name: str
+    create: Callable[[Sequence[Tool], bool], StreamParser]
+    detect: Callable[[ModelFiles], bool] | None = None
+
+
+@define(frozen=True)
+class ClientRequest:
+    """What a client renderer may inspect to decide whether a request comes from its client."""
+
+    dialect: Literal["ollama", "openai", "anthropic"]
+    headers: Mapping[str, str]
+    model: ModelFiles
+    messages: Sequence[Message]
+
+
+@define(frozen=True)
+class ClientRenderer:
+    """A renderer for one client's habits; used only when enabled by configuration and `claims` is true."""
+
+    name: str
+    claims: Callable[[ClientRequest], bool]
+    render: Callable[[RenderRequest], Prompt]
+
+
+@define(frozen=True)
+class MediaTranscoder:
+    """Converts a media item the model cannot take into one it can.
+
+    `transcode(media, accepted_mime_types)` returns the converted item, or
+    None when this transcoder has nothing to do with it.
+    """
+
+    name: str
+    transcode: Callable[[Media, frozenset[str]], Media | None]
+
+
+@define(frozen=True)
+class CachePolicy:
+    """Decides in the runner what is kept across requests; `factory` is an import path `module:callable`."""
+
+    name: str
+    factory: str
+
+
+@define(frozen=True)
+class MemoryFit:
+    """A bound on the bytes available for loading models; the scheduler takes the tightest bound.
+
+    `available_bytes()` returns None when it has no opinion (for example on a
+    platform it does not know).
+    """
+
+    name: str
+    available_bytes: Callable[[], int | None]
+
+
+@define(frozen=True)
+class GrammarEngine:
+    """Compiles a `format` into per-step token masks in the runner; `factory` is an import path `module:callable`."""
+
+    name: str
+    factory: str
+    formats: frozenset[str] = frozenset({"json", "json_schema"})
+
+
+@hookspec
+def plugd_architectures() -> list[Architecture]:
+    """Model classes, one per config.json `model_type`."""
+
+
+@hookspec
+def plugd_renderers() -> list[Renderer]:
+    """Renderers from conversations to prompts, by name."""
+
+
+@hookspec
+def plugd_parsers() -> list[Parser]:
+    """Streaming output parsers (thinking, content, tool calls), by name."""
+
+
+@hookspec
+def plugd_client_renderers() -> list[ClientRenderer]:
+    """Renderers for specific clients, enabled by configuration."""
+
+
+@hookspec
+def plugd_media_transcoders() -> list[MediaTranscoder]:
+    """Converters for media formats a model cannot take."""
+
+
+@hookspec
+def plugd_cache_policies() -> list[CachePolicy]:
+    """Runner cache policies, by name."""
+
+
+@hookspec
+def plugd_memory_fits() -> list[MemoryFit]:
+    """Bounds on memory available for model loads."""
+
+
+@hookspec
+def plugd_grammar_engines() -> list[GrammarEngine]:
+    """Engines that enforce structured output formats, by name."""
+
+
+HOOKS: dict[str, type] = {
+    "plugd_architectures": Architecture,
+    "plugd_renderers": Renderer,
+    "plugd_parsers": Parser,
+    "plugd_client_renderers": ClientRenderer,
+    "plugd_media_transcoders": MediaTranscoder,
+    "plugd_cache_policies": CachePolicy,
+    "plugd_memory_fits": MemoryFit,
+    "plugd_grammar_engines": GrammarEngine,
+}
+"""Each hook and the descriptor class its results must be instances of."""
+
+__all__ = [
+    "Architecture",
+    "CachePolicy",
+    "ClientRenderer",
+    "ClientRequest",
+    "GrammarEngine",
+    "HOOKS",
+    "Media",
+    "MediaTranscoder",
+    "MemoryFit",
+    "Message",
+    "ModelFiles",
+    "ParsedPiece",
+    "Parser",
+    "Prompt",
+    "RenderRequest",
+    "Renderer",
+    "StreamParser",
+    "Tool",
+    "ToolCall",
+    "hookimpl",
+    "hookspec",
+]

@@ -1,0 +1,54 @@
+"""`plugd serve`: bind the address, open the store, load plugins, run the app under uvicorn."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import sys
+
+import uvicorn
+
+from plugd import plugins
+from plugd.server.app import create_app
+from plugd.settings import daemon_address
+from plugd.store.store import Store
+
+log = logging.getLogger("plugd")
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve() -> int:
+    logging.basicConfig(
+        level=os.environ.get("PLUGD_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    host, port = daemon_address()
+    try:
+        sock = _bind(host, port)
+    except OSError as exc:
+        reason = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+        print(f"Error: listen tcp {host}:{port}: {reason}", file=sys.stderr)
+        return 1
+    store = Store()
+    if os.environ.get("PLUGD_NOPRUNE"):
+        store.blobs.remove_partials()
+    else:
+        store.prune()
+    registry = plugins.load()
+    log.info("models in %s; plugins: %s", store.root, ", ".join(f"{p.name} ({p.status})" for p in registry.plugins))
+    server = uvicorn.Server(uvicorn.Config(create_app(store, registry), log_config=None, access_log=False))
+    log.info("listening on %s:%d", host, port)
+    server.run(sockets=[sock])
+    return 0

@@ -1,0 +1,142 @@
+"""Ollama's HTTP API: the model-management routes, in its exact request and response shapes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from attrs import define
+from cattrs.gen import make_dict_structure_fn, override
+from litestar import Request, Response, delete, get, head, post
+from litestar.response import Stream
+
+from plugd import __version__
+from plugd.server.bodies import BadRequest, read_body
+from plugd.server.model_views import show_payload, tags_entry
+from plugd.store.create import CreateRequest, create_model
+from plugd.store.names import ModelName
+from plugd.store.store import CorruptModel, Store
+from plugd.types import converter
+
+converter.register_structure_hook(
+    CreateRequest, make_dict_structure_fn(CreateRequest, converter, from_=override(rename="from"))
+)
+NDJSON = "application/x-ndjson"
+
+
+@define
+class ModelRequest:
+    """Bodies that name one model: `model`, or the older `name`."""
+
+    model: str | None = None
+    name: str | None = None
+    verbose: bool = False
+
+    def model_name(self) -> ModelName:
+        if not (self.model or self.name):
+            raise BadRequest("model is required")
+        return ModelName.parse(self.model or self.name)
+
+
+@define
+class CopyRequest:
+    source: str
+    destination: str
+
+
+def _store(request: Request) -> Store:
+    return request.app.state.store
+
+
+@get("/", sync_to_thread=False, media_type="text/plain")
+def root() -> str:
+    return "Ollama is running"
+
+
+@head("/", sync_to_thread=False)
+def root_head() -> None:
+    return None
+
+
+@get("/api/version", sync_to_thread=False)
+def version() -> dict[str, str]:
+    return {"version": __version__}
+
+
+@get("/api/tags")
+async def tags(request: Request) -> dict[str, Any]:
+    store = _store(request)
+
+    def entries() -> list[dict[str, Any]]:
+        out = []
+        for model in store.list():
+            try:
+                out.append(tags_entry(model, store.config(model)))
+            except CorruptModel as exc:
+                request.logger.warning("skipping %s", exc)
+        return out
+
+    return {"models": await anyio.to_thread.run_sync(entries)}
+
+
+@post("/api/show", status_code=200)
+async def show(request: Request) -> dict[str, Any]:
+    body = await read_body(request, ModelRequest)
+    store = _store(request)
+    name = body.model_name()
+    return await anyio.to_thread.run_sync(lambda: show_payload(store, store.get(name), verbose=body.verbose))
+
+
+@post("/api/copy", status_code=200)
+async def copy(request: Request) -> None:
+    body = await read_body(request, CopyRequest)
+    source, destination = ModelName.parse(body.source), ModelName.parse(body.destination)
+    store = _store(request)
+    await anyio.to_thread.run_sync(store.copy, source, destination)
+
+
+@delete("/api/delete", status_code=200)
+async def delete_model(request: Request) -> None:
+    body = await read_body(request, ModelRequest)
+    store = _store(request)
+    await anyio.to_thread.run_sync(store.delete, body.model_name())
+
+
+@head("/api/blobs/{digest:str}")
+async def blob_exists(request: Request, digest: str) -> Response[None]:
+    exists = await anyio.to_thread.run_sync(_store(request).blobs.exists, digest)
+    return Response(None, status_code=200 if exists else 404)
+
+
+@post("/api/blobs/{digest:str}", request_max_body_size=None)
+async def upload_blob(request: Request, digest: str) -> Response[None]:
+    blobs = _store(request).blobs
+    if blobs.exists(digest):
+        return Response(None, status_code=200)
+    with blobs.writer(digest) as writer:
+        async for chunk in request.stream():
+            writer.write(chunk)
+        await anyio.to_thread.run_sync(writer.commit)
+    return Response(None, status_code=201)
+
+
+@post("/api/create")
+async def create(request: Request) -> Any:
+    body = await read_body(request, CreateRequest)
+    store, registry = _store(request), request.app.state.registry
+    statuses: list[str] = []
+    await anyio.to_thread.run_sync(lambda: create_model(store, registry, body, statuses.append))
+    statuses.append("success")
+    if not body.stream:
+        return Response({"status": "success"}, status_code=200)
+    return Stream(_ndjson({"status": s} for s in statuses), media_type=NDJSON)
+
+
+async def _ndjson(items) -> AsyncIterator[bytes]:
+    for item in items:
+        yield json.dumps(item).encode() + b"\n"
+
+
+ROUTES = [root, root_head, version, tags, show, copy, delete_model, blob_exists, upload_blob, create]

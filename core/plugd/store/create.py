@@ -1,0 +1,203 @@
+"""Create a model from uploaded Hugging Face files or an existing model, plus Modelfile-style overrides."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import PurePosixPath
+from typing import Any
+
+from attrs import define, field
+
+from plugd.hookspecs import ModelFiles
+from plugd.plugins import Registry
+from plugd.store import manifests as mt
+from plugd.store.manifests import Layer, Manifest
+from plugd.store.model_files import chat_template, read_json
+from plugd.store.metadata import file_type, human_parameters, parameter_count, tensor_metadata
+from plugd.store.names import ModelName
+from plugd.store.store import Store
+from plugd.types import OPTION_TYPES
+
+CAPABILITIES = ("completion", "tools", "thinking", "vision")
+
+
+class CreateError(ValueError):
+    """The request cannot produce a model; the message says what to fix."""
+
+
+@define
+class CreateRequest:
+    """Ollama's /api/create body, plus plugd's renderer, parser and capabilities overrides."""
+
+    model: str
+    from_: str | None = None
+    files: dict[str, str] = field(factory=dict)
+    template: str | None = None
+    system: str | None = None
+    parameters: dict[str, Any] = field(factory=dict)
+    messages: list[dict[str, str]] | None = None
+    license: str | list[str] | None = None
+    renderer: str | None = None
+    parser: str | None = None
+    capabilities: list[str] | None = None
+    stream: bool = True
+
+
+@define
+class _Draft:
+    """What the new model will be made of, before it is written."""
+
+    files: dict[str, Layer]
+    extra: dict[str, Layer]  # non-file layers by media type, inherited from `from`
+    base_config: dict[str, Any] = field(factory=dict)
+
+
+def _check_file_name(name: str) -> None:
+    path = PurePosixPath(name)
+    if not name or path.is_absolute() or ".." in path.parts or "\\" in name or name != str(path):
+        raise CreateError(f"invalid file name {name!r}: must be a relative path inside the model directory")
+
+
+def _draft_from_files(store: Store, files: dict[str, str]) -> _Draft:
+    layers = {}
+    for name, digest in files.items():
+        _check_file_name(name)
+        try:
+            present = store.blobs.exists(digest)
+        except ValueError as exc:
+            raise CreateError(f"file {name}: {exc}") from None
+        if not present:
+            raise CreateError(f"blob {digest} for file {name} is not in the store; upload it with POST /api/blobs/{digest}")
+        layers[name] = Layer(mt.MODEL_FILE, digest, store.blobs.size(digest), name)
+    return _Draft(files=layers, extra={})
+
+
+def _draft_from_model(store: Store, source: str) -> _Draft:
+    base = store.get(ModelName.parse(source))
+    extra = {layer.media_type: layer for layer in base.manifest.layers if layer.media_type != mt.MODEL_FILE}
+    return _Draft(files=base.manifest.files(), extra=extra, base_config=store.config(base))
+
+
+def _tensors(store: Store, draft: _Draft) -> dict[str, dict[str, Any]]:
+    weight_files = {n: layer for n, layer in draft.files.items() if n.endswith(".safetensors")}
+    if not weight_files:
+        raise CreateError("the model has no .safetensors weights")
+    index = read_json(store, draft.files, "model.safetensors.index.json")
+    if missing := set(index.get("weight_map", {}).values()) - set(weight_files):
+        raise CreateError(f"model.safetensors.index.json names weight files that were not given: {sorted(missing)}")
+    tensors: dict[str, dict[str, Any]] = {}
+    for name, layer in sorted(weight_files.items()):
+        tensors |= tensor_metadata(store, layer.digest, name)["tensors"]
+    return tensors
+
+
+def infer_capabilities(config: dict[str, Any], chat_template: str | None) -> list[str]:
+    template = chat_template or ""
+    found = ["completion"]
+    if "tools" in template:
+        found.append("tools")
+    if "<think>" in template or "enable_thinking" in template or "reasoning_content" in template:
+        found.append("thinking")
+    if "vision_config" in config:
+        found.append("vision")
+    return found
+
+
+def _pick(kind: str, requested: str | None, available: dict[str, Any], model: ModelFiles) -> str | None:
+    if requested is not None:
+        if requested not in available:
+            raise CreateError(f"unknown {kind} {requested!r}; installed: {', '.join(sorted(available)) or 'none'}")
+        return requested
+    detected = [name for name, item in available.items() if item.detect and item.detect(model)]
+    return detected[0] if detected else None
+
+
+def _parameters(requested: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for name, value in requested.items():
+        kind = OPTION_TYPES.get(name)
+        if kind is None:
+            raise CreateError(f"unknown parameter {name!r}")
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value) if kind is list else (
+            isinstance(value, (int, float)) and not isinstance(value, bool) and (kind is float or float(value).is_integer())
+        )
+        if not ok:
+            raise CreateError(f"invalid value {value!r} for parameter {name!r}: expected {kind.__name__}")
+        merged[name] = kind(value) if kind is not list else list(value)
+    return merged
+
+
+def _text_layers(store: Store, req: CreateRequest, draft: _Draft, params: dict[str, Any]) -> dict[str, Layer]:
+    """Template, system, parameters, messages and license layers: the request's, else inherited."""
+    layers = dict(draft.extra)
+    licenses = [req.license] if isinstance(req.license, str) else req.license
+    values = {
+        mt.TEMPLATE: req.template,
+        mt.SYSTEM: req.system,
+        mt.PARAMS: json.dumps(params) if params else None,
+        mt.MESSAGES: json.dumps(req.messages) if req.messages is not None else None,
+        mt.LICENSE: "\n\n".join(licenses) if licenses else None,
+    }
+    for media_type, text in values.items():
+        if text is not None:
+            data = text.encode()
+            layers[media_type] = Layer(media_type, store.blobs.write_bytes(data), len(data))
+    return layers
+
+
+def create_model(store: Store, registry: Registry, req: CreateRequest, status: Callable[[str], None]) -> None:
+    """Validate, write the config blob and point the name at the new manifest; reports progress to `status`."""
+    name = ModelName.parse(req.model)
+    if req.files:
+        draft = _draft_from_files(store, req.files)
+    elif req.from_:
+        draft = _draft_from_model(store, req.from_)
+    else:
+        raise CreateError("neither 'from' nor 'files' was specified")
+    status("parsing model files")
+    try:
+        config = read_json(store, draft.files, "config.json", required=True)
+        tokenizer_config = read_json(store, draft.files, "tokenizer_config.json")
+        template = req.template if req.template is not None else chat_template(store, draft.files)
+        tensors = _tensors(store, draft)
+    except ValueError as exc:
+        raise CreateError(str(exc)) from None
+    if not isinstance(config.get("model_type"), str):
+        raise CreateError("config.json has no model_type")
+    model_files = ModelFiles(config=config, chat_template=template, tokenizer_config=tokenizer_config)
+
+    base = draft.base_config
+    capabilities = req.capabilities if req.capabilities is not None else base.get("capabilities") or infer_capabilities(config, template)
+    if unknown := set(capabilities) - set(CAPABILITIES):
+        raise CreateError(f"unknown capabilities {sorted(unknown)}; known: {', '.join(CAPABILITIES)}")
+    params_layer = draft.extra.get(mt.PARAMS)
+    base_params = json.loads(store.text_blob(params_layer.digest)) if params_layer else {}
+    layers = list(sorted(draft.files.values(), key=lambda layer: layer.name or ""))
+    layers += _text_layers(store, req, draft, _parameters(req.parameters, base_params)).values()
+    for layer in layers:
+        status(f"using layer {layer.digest}")
+
+    count = parameter_count(tensors, config)
+    model_config = {
+        "model_format": "safetensors",
+        "model_family": config["model_type"],
+        "model_families": [config["model_type"]],
+        "model_type": human_parameters(count),
+        "file_type": file_type(tensors, config),
+        "architecture": (config.get("architectures") or [config["model_type"]])[0],
+        "parameter_count": count,
+        "context_length": config.get("max_position_embeddings")
+        or config.get("text_config", {}).get("max_position_embeddings"),
+        "capabilities": list(capabilities),
+        "renderer": _pick("renderer", req.renderer or base.get("renderer"), registry.renderers(), model_files),
+        "parser": _pick("parser", req.parser or base.get("parser"), registry.parsers(), model_files),
+        "rootfs": {"type": "layers", "diff_ids": [layer.digest for layer in layers]},
+    }
+    data = json.dumps(model_config, indent=2).encode()
+    config_layer = Layer(mt.CONFIG_MEDIA_TYPE, store.blobs.write_bytes(data), len(data))
+    status("writing manifest")
+    try:
+        store.put(name, Manifest(config=config_layer, layers=layers))
+    except FileNotFoundError as exc:  # a blob vanished (deleted concurrently) since it was checked
+        raise CreateError(str(exc)) from None

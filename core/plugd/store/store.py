@@ -1,0 +1,158 @@
+"""The model store, laid out like Ollama's: manifests by name, content-addressed blobs, per-blob metadata."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from attrs import define
+
+from plugd.store.blobs import BlobStore, write_atomically
+from plugd.store.manifests import MalformedManifest, Manifest
+from plugd.store.names import ModelName
+
+log = logging.getLogger(__name__)
+
+
+class ModelNotFound(LookupError):
+    def __init__(self, name: ModelName | str):
+        super().__init__(f"model '{name}' not found")
+
+
+class CorruptModel(RuntimeError):
+    """A manifest or config in the store cannot be read; the message says which file and why."""
+
+
+@define(frozen=True)
+class StoredModel:
+    name: ModelName
+    manifest: Manifest
+    modified_at: datetime
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("PLUGD_MODELS") or Path.home() / ".plugd" / "models")
+
+
+class Store:
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root or default_root())
+        self.blobs = BlobStore(self.root / "blobs")
+        self.manifests_dir = self.root / "manifests"
+        self.metadata_dir = self.root / "metadata"
+        self.manifests_dir.mkdir(parents=True, exist_ok=True)
+        self.metadata_dir.mkdir(parents=True, exist_ok=True)
+        # Serialises manifest writes, deletes and pruning against each other.
+        self.lock = threading.Lock()
+
+    def manifest_path(self, name: ModelName) -> Path:
+        return self.manifests_dir.joinpath(*name.parts)
+
+    def get(self, name: ModelName) -> StoredModel:
+        path = self.manifest_path(name)
+        try:
+            raw = path.read_bytes()
+            mtime = path.stat().st_mtime
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise ModelNotFound(name) from None
+        try:
+            manifest = Manifest.from_bytes(raw)
+        except MalformedManifest as exc:
+            raise CorruptModel(f"manifest of '{name}' ({path}) is malformed: {exc}") from None
+        return StoredModel(name, manifest, datetime.fromtimestamp(mtime, timezone.utc))
+
+    def read_json_blob(self, digest: str, what: str) -> dict[str, Any]:
+        try:
+            data = json.loads(self.blobs.path(digest).read_bytes())
+        except FileNotFoundError:
+            raise CorruptModel(f"{what} blob {digest} is missing") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CorruptModel(f"{what} blob {digest} is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise CorruptModel(f"{what} blob {digest} is not a JSON object")
+        return data
+
+    def config(self, model: StoredModel) -> dict[str, Any]:
+        return self.read_json_blob(model.manifest.config.digest, f"config of '{model.name}'")
+
+    def text_blob(self, digest: str) -> str:
+        return self.blobs.path(digest).read_text()
+
+    def _manifest_files(self) -> Iterator[tuple[Path, tuple[str, ...]]]:
+        for path in self.manifests_dir.rglob("*"):
+            parts = path.relative_to(self.manifests_dir).parts
+            if path.is_file() and len(parts) == 4 and not path.name.startswith("."):
+                yield path, parts
+
+    def list(self) -> list[StoredModel]:
+        """Every readable model; unreadable manifests are logged and left out."""
+        models = []
+        for _, parts in self._manifest_files():
+            try:
+                models.append(self.get(ModelName(*parts)))
+            except CorruptModel as exc:
+                log.warning("skipping %s", exc)
+        return sorted(models, key=lambda m: m.modified_at, reverse=True)
+
+    def put(self, name: ModelName, manifest: Manifest) -> None:
+        """Point `name` at `manifest`; every blob it names must already be in the store."""
+        with self.lock:
+            missing = [d for d in sorted(manifest.digests()) if not self.blobs.exists(d)]
+            if missing:
+                raise FileNotFoundError(f"blob {missing[0]} is not in the store")
+            path = self.manifest_path(name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(path, manifest.to_bytes())
+
+    def copy(self, source: ModelName, destination: ModelName) -> None:
+        self.put(destination, self.get(source).manifest)
+
+    def delete(self, name: ModelName) -> None:
+        """Remove the name, then the blobs no other manifest refers to."""
+        with self.lock:
+            model = self.get(name)
+            self.manifest_path(name).unlink()
+            self._remove_empty_dirs(self.manifest_path(name).parent)
+            if (still_used := self._referenced()) is not None:
+                for digest in model.manifest.digests() - still_used:
+                    self._remove_blob(digest)
+
+    def prune(self) -> None:
+        """Remove blobs no manifest refers to, and leftovers of interrupted writes."""
+        with self.lock:
+            self.blobs.remove_partials()
+            still_used = self._referenced()
+            if still_used is None:
+                log.warning("not pruning blobs: some manifests are unreadable")
+                return
+            for digest in self.blobs.digests() - still_used:
+                log.info("pruning unreferenced blob %s", digest)
+                self._remove_blob(digest)
+
+    def _referenced(self) -> set[str] | None:
+        """Digests named by any manifest; None when a manifest cannot be read (so nothing is safe to remove)."""
+        used: set[str] = set()
+        for path, _ in self._manifest_files():
+            try:
+                used |= Manifest.from_bytes(path.read_bytes()).digests()
+            except MalformedManifest:
+                return None
+        return used
+
+    def _remove_blob(self, digest: str) -> None:
+        self.blobs.remove(digest)
+        self.metadata_path(digest).unlink(missing_ok=True)
+
+    def _remove_empty_dirs(self, directory: Path) -> None:
+        while directory != self.manifests_dir and directory.is_dir() and not any(directory.iterdir()):
+            directory.rmdir()
+            directory = directory.parent
+
+    def metadata_path(self, digest: str) -> Path:
+        return self.metadata_dir / (self.blobs.path(digest).name + ".json")

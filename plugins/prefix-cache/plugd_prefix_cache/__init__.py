@@ -1,0 +1,1 @@
+"""Token-trie prefix cache policy for plugd."""

@@ -1,0 +1,1 @@
+"""WebP media transcoder for plugd."""

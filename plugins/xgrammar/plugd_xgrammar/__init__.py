@@ -1,0 +1,1 @@
+"""Structured output for plugd through xgrammar."""

@@ -1,0 +1,1 @@
+"""A plugd renderer for Claude Code's request habits."""

@@ -1,0 +1,1 @@
+"""Gemma chat renderers and output parsers for plugd."""

@@ -1,0 +1,1 @@
+"""Nemotron chat renderers and output parsers for plugd."""

@@ -1,0 +1,1 @@
+"""Qwen chat renderers and output parsers for plugd."""
