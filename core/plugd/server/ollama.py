@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,6 +25,7 @@ converter.register_structure_hook(
     CreateRequest, make_dict_structure_fn(CreateRequest, converter, from_=override(rename="from"))
 )
 NDJSON = "application/x-ndjson"
+log = logging.getLogger(__name__)
 
 
 @define
@@ -75,7 +77,7 @@ async def tags(request: Request) -> dict[str, Any]:
             try:
                 out.append(tags_entry(model, store.config(model)))
             except CorruptModel as exc:
-                request.logger.warning("skipping %s", exc)
+                log.warning("leaving out of /api/tags: %s", exc)
         return out
 
     return {"models": await anyio.to_thread.run_sync(entries)}

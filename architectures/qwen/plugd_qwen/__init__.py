@@ -1,0 +1,14 @@
+"""Qwen architectures for plugd (qwen3, qwen3_moe).
+
+The model modules import MLX, so they are only named here; the runner imports them.
+"""
+
+from plugd.hookspecs import Architecture, hookimpl
+
+
+@hookimpl
+def plugd_architectures() -> list[Architecture]:
+    return [
+        Architecture(model_type="qwen3", module="plugd_qwen.qwen3"),
+        Architecture(model_type="qwen3_moe", module="plugd_qwen.qwen3_moe"),
+    ]

@@ -1,0 +1,158 @@
+"""Qwen3, config.json model_type "qwen3": a pre-norm decoder with grouped-query attention,
+per-head RMSNorm on queries and keys, and a SwiGLU feed-forward.
+
+Parameter names follow the Hugging Face checkpoint (`model.layers.{i}.self_attn.q_proj.weight`, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from plugd.nn.attention import attend
+from plugd.nn.cache import KVCache
+from plugd.nn.linear import Embedding, Linear
+from plugd.nn.norms import RMSNorm
+from plugd.nn.rope import RoPE, rope_base
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> ModelArgs:
+        return cls(**dense_fields(config))
+
+
+def dense_fields(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The ModelArgs fields of a Qwen3 config.json, with transformers' defaults where a key may be absent."""
+    heads = config["num_attention_heads"]
+    return {
+        "vocab_size": config["vocab_size"],
+        "hidden_size": config["hidden_size"],
+        "intermediate_size": config["intermediate_size"],
+        "num_hidden_layers": config["num_hidden_layers"],
+        "num_attention_heads": heads,
+        "num_key_value_heads": config.get("num_key_value_heads") or heads,
+        "head_dim": config.get("head_dim") or config["hidden_size"] // heads,
+        "rms_norm_eps": config.get("rms_norm_eps", 1e-6),
+        "rope_theta": rope_base(config),
+        "tie_word_embeddings": config.get("tie_word_embeddings", False),
+    }
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        heads, kv_heads, head_dim = args.num_attention_heads, args.num_key_value_heads, args.head_dim
+        self.heads, self.kv_heads = heads, kv_heads
+        self.scale = head_dim**-0.5
+        self.q_proj = Linear(args.hidden_size, heads * head_dim)
+        self.k_proj = Linear(args.hidden_size, kv_heads * head_dim)
+        self.v_proj = Linear(args.hidden_size, kv_heads * head_dim)
+        self.o_proj = Linear(heads * head_dim, args.hidden_size)
+        self.q_norm = RMSNorm(head_dim, args.rms_norm_eps)
+        self.k_norm = RMSNorm(head_dim, args.rms_norm_eps)
+        self.rope = RoPE(head_dim, args.rope_theta)
+
+    def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
+        batch, length, _ = x.shape
+
+        def split_heads(y: mx.array, heads: int) -> mx.array:
+            return y.reshape(batch, length, heads, -1)
+
+        # (batch, length, heads, head_dim), normalised per head, then heads before length.
+        queries = self.q_norm(split_heads(self.q_proj(x), self.heads)).transpose(0, 2, 1, 3)
+        keys = self.k_norm(split_heads(self.k_proj(x), self.kv_heads)).transpose(0, 2, 1, 3)
+        values = split_heads(self.v_proj(x), self.kv_heads).transpose(0, 2, 1, 3)
+        offset = 0 if cache is None else cache.offset
+        queries, keys = self.rope(queries, offset), self.rope(keys, offset)
+        if cache is not None:
+            keys, values = cache.update_and_fetch(keys, values)
+        out = attend(queries, keys, values, self.scale)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, dims: int, hidden_dims: int):
+        super().__init__()
+        self.gate_proj = Linear(dims, hidden_dims)
+        self.up_proj = Linear(dims, hidden_dims)
+        self.down_proj = Linear(hidden_dims, dims)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, mlp: nn.Module):
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.self_attn = Attention(args)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = mlp
+
+    def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Decoder(nn.Module):
+    """The checkpoint's `model.` subtree: embeddings, layers, final norm."""
+
+    def __init__(self, args: ModelArgs, layers: list[DecoderLayer]):
+        super().__init__()
+        self.embed_tokens = Embedding(args.vocab_size, args.hidden_size)
+        self.layers = layers
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+    def __call__(self, tokens: mx.array, cache: list[KVCache] | list[None]) -> mx.array:
+        h = self.embed_tokens(tokens)
+        for layer, layer_cache in zip(self.layers, cache, strict=True):
+            h = layer(h, layer_cache)
+        return self.norm(h)
+
+
+class Model(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        layers = [DecoderLayer(args, self.feed_forward(args, i)) for i in range(args.num_hidden_layers)]
+        self.model = Decoder(args, layers)
+        if not args.tie_word_embeddings:
+            self.lm_head = Linear(args.hidden_size, args.vocab_size)
+
+    def feed_forward(self, args: ModelArgs, layer: int) -> nn.Module:
+        """The feed-forward block of layer `layer`; variants override this."""
+        return MLP(args.hidden_size, args.intermediate_size)
+
+    def __call__(self, tokens: mx.array, cache: list[KVCache] | None = None) -> mx.array:
+        """(batch, length) int32 token ids -> (batch, length, vocab) logits, appending to `cache` when given."""
+        h = self.model(tokens, cache if cache is not None else [None] * self.args.num_hidden_layers)
+        if self.args.tie_word_embeddings:
+            return self.model.embed_tokens.as_linear(h)
+        return self.lm_head(h)
+
+    def make_cache(self) -> list[KVCache]:
+        return [KVCache() for _ in range(self.args.num_hidden_layers)]
+
+    def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        if self.args.tie_word_embeddings:
+            weights.pop("lm_head.weight", None)
+        return weights

@@ -1,0 +1,56 @@
+"""Key/value cache for attention layers: grows in steps, trims back, snapshots."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+
+class KVCache:
+    """The keys and values of every position seen so far, (batch, kv_heads, length, head_dim).
+
+    Storage is preallocated `step` positions at a time so that decoding one
+    token writes into place instead of reallocating. `offset` is the number of
+    cached positions; `trim(n)` forgets the last n, which later writes
+    overwrite.
+    """
+
+    def __init__(self, step: int = 256):
+        self.step = step
+        self.offset = 0
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Append the new positions' keys and values; return all cached ones, these included."""
+        start, end = self.offset, self.offset + keys.shape[2]
+        if self.keys is None or end > self.keys.shape[2]:
+            self.keys = self._grown(self.keys, keys, end)
+            self.values = self._grown(self.values, values, end)
+        self.keys[..., start:end, :] = keys
+        self.values[..., start:end, :] = values
+        self.offset = end
+        return self.keys[..., :end, :], self.values[..., :end, :]
+
+    def _grown(self, stored: mx.array | None, new: mx.array, needed: int) -> mx.array:
+        capacity = -(-needed // self.step) * self.step
+        batch, heads, _, dims = new.shape
+        room = mx.zeros((batch, heads, capacity - self.offset, dims), new.dtype)
+        return room if stored is None else mx.concatenate([stored[..., : self.offset, :], room], axis=2)
+
+    def trim(self, n: int) -> int:
+        """Forget the last n positions (at most all of them); return how many were forgotten."""
+        n = min(n, self.offset)
+        self.offset -= n
+        return n
+
+    @property
+    def state(self) -> tuple[mx.array, mx.array] | None:
+        """A snapshot of exactly the cached positions (None when empty); later updates do not change it."""
+        if self.keys is None or self.offset == 0:
+            return None
+        return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+
+    @state.setter
+    def state(self, snapshot: tuple[mx.array, mx.array] | None) -> None:
+        self.keys, self.values = snapshot or (None, None)
+        self.offset = 0 if snapshot is None else snapshot[0].shape[2]

@@ -1,0 +1,1 @@
+"""The runner process: loads one model with MLX and generates with it."""

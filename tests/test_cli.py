@@ -1,0 +1,100 @@
+"""The `plugd` command against a real daemon, and without one."""
+
+import os
+import socket
+import subprocess
+import sys
+
+from plugd import __version__
+from plugd.testing.server import free_port
+
+
+def run(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "plugd", *args], env={**os.environ, **(env or {})}, capture_output=True, text=True,
+        timeout=60,
+    )
+
+
+def test_version():
+    assert run("--version").stdout.strip() == f"plugd {__version__}"
+
+
+def test_commands_say_when_the_daemon_is_not_running():
+    port = free_port()
+    for args in (["list"], ["show", "x"], ["cp", "a", "b"], ["rm", "a"]):
+        result = run(*args, env={"PLUGD_HOST": f"127.0.0.1:{port}"})
+        assert result.returncode == 1
+        assert result.stderr.strip() == (
+            f"Error: could not connect to plugd at http://127.0.0.1:{port}; is `plugd serve` running?"
+        )
+
+
+def test_serve_on_a_busy_port_fails_with_one_line(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run("serve", env={"PLUGD_HOST": f"127.0.0.1:{port}", "PLUGD_MODELS": str(tmp_path)})
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [f"Error: listen tcp 127.0.0.1:{port}: address already in use"]
+
+
+def test_create_list_show_copy_remove(plugd_server, tiny_qwen3):
+    cli = plugd_server.cli
+    created = cli("create", "tiny", "--from", str(tiny_qwen3))
+    assert created.returncode == 0, created.stderr
+    assert created.stderr.splitlines()[-1] == "success"
+
+    listing = cli("list").stdout.splitlines()
+    assert listing[0].split() == ["NAME", "ID", "SIZE", "MODIFIED"]
+    assert listing[1].startswith("tiny:latest")
+
+    shown = cli("show", "tiny").stdout
+    assert "architecture      qwen3" in shown
+    assert "context length    4096" in shown
+    assert "thinking" in shown
+
+    assert "model.embed_tokens.weight" in cli("show", "tiny", "--verbose").stdout
+    assert cli("cp", "tiny", "tiny2").returncode == 0
+    assert cli("rm", "tiny").stdout.strip() == "deleted 'tiny'"
+    assert [line.split()[0] for line in cli("list").stdout.splitlines()[1:]] == ["tiny2:latest"]
+
+    missing = cli("rm", "tiny")
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == "Error: model 'tiny:latest' not found"
+
+
+def test_create_from_modelfile(plugd_server, tiny_qwen3, tmp_path):
+    modelfile = tmp_path / "Modelfile"
+    modelfile.write_text(
+        f'FROM {os.path.relpath(tiny_qwen3, tmp_path)}\n'
+        'PARAMETER temperature 0.3\nPARAMETER stop "<|im_end|>"\nPARAMETER stop END\n'
+        'SYSTEM """You answer\nin two lines."""\n'
+        "MESSAGE user Hello\nMESSAGE assistant Hi!\nLICENSE Apache-2.0\n"
+    )
+    result = plugd_server.cli("create", "custom", "-f", str(modelfile))
+    assert result.returncode == 0, result.stderr
+    assert plugd_server.cli("show", "custom", "--system").stdout == "You answer\nin two lines.\n"
+    assert plugd_server.cli("show", "custom", "--license").stdout.strip() == "Apache-2.0"
+    params = plugd_server.cli("show", "custom", "--parameters").stdout.split()
+    assert params == ["temperature", "0.3", "stop", '"<|im_end|>"', "stop", '"END"']
+
+    # The generated Modelfile recreates the same model from it.
+    regenerated = tmp_path / "Regenerated"
+    regenerated.write_text(plugd_server.cli("show", "custom", "--modelfile").stdout)
+    assert plugd_server.cli("create", "again", "-f", str(regenerated)).returncode == 0
+    assert plugd_server.cli("show", "again", "--modelfile").stdout.replace("again", "custom") == regenerated.read_text()
+
+
+def test_modelfile_errors_name_file_and_line(plugd_server, tmp_path):
+    modelfile = tmp_path / "Modelfile"
+    modelfile.write_text("FROM base\n# comment\nADAPTER ./lora\n")
+    result = plugd_server.cli("create", "x", "-f", str(modelfile))
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"Error: {modelfile}:3: unknown command 'ADAPTER'"
+
+    modelfile.write_text("FROM base\n")
+    result = plugd_server.cli("create", "x", "-f", str(modelfile))
+    assert result.returncode == 1
+    assert result.stderr.strip() == "Error: model 'base:latest' not found"

@@ -1,0 +1,231 @@
+"""The store and create, in process: layout, atomicity, corruption and concurrency."""
+
+import hashlib
+import json
+import threading
+
+import pytest
+from safetensors.numpy import load_file
+
+from plugd import plugins
+from plugd.store import manifests as mt
+from plugd.store.blobs import DigestMismatch, InvalidDigest
+from plugd.store.create import CreateError, CreateRequest, create_model
+from plugd.store.names import ModelName
+from plugd.store.store import CorruptModel, ModelNotFound, Store
+from plugd.testing.checkpoints import write_checkpoint
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return plugins.load()
+
+
+@pytest.fixture
+def store(tmp_path):
+    return Store(tmp_path / "models")
+
+
+def digest_of(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def upload(store: Store, data: bytes) -> str:
+    digest = digest_of(data)
+    with store.blobs.writer(digest) as w:
+        w.write(data)
+        w.commit()
+    return digest
+
+
+def upload_dir(store: Store, directory) -> dict[str, str]:
+    return {p.name: upload(store, p.read_bytes()) for p in sorted(directory.iterdir())}
+
+
+def create(store, registry, name="tiny", **fields):
+    statuses = []
+    create_model(store, registry, CreateRequest(model=name, **fields), statuses.append)
+    return statuses
+
+
+def test_layout_follows_ollama(store, registry, tiny_qwen3):
+    create(store, registry, files=upload_dir(store, tiny_qwen3))
+    manifest_path = store.root / "manifests/registry.ollama.ai/library/tiny/latest"
+    manifest = json.loads(manifest_path.read_bytes())
+    assert manifest["schemaVersion"] == 2
+    for layer in [manifest["config"], *manifest["layers"]]:
+        blob = store.root / "blobs" / layer["digest"].replace(":", "-")
+        assert blob.stat().st_size == layer["size"]
+        assert digest_of(blob.read_bytes()) == layer["digest"]
+    names = {layer.get("name") for layer in manifest["layers"]}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
+    weights = next(x for x in manifest["layers"] if x.get("name") == "model.safetensors")
+    metadata = json.loads((store.root / "metadata" / (weights["digest"].replace(":", "-") + ".json")).read_bytes())
+    assert metadata["tensors"]["model.embed_tokens.weight"] == {"dtype": "F32", "shape": [512, 64]}
+
+
+def test_config_summarises_the_model(store, registry, tiny_qwen3):
+    create(store, registry, files=upload_dir(store, tiny_qwen3))
+    config = store.config(store.get(ModelName.parse("tiny")))
+    assert config["model_family"] == "qwen3"
+    assert config["file_type"] == "F32"
+    assert config["parameter_count"] == _count_parameters(tiny_qwen3)
+    assert config["capabilities"] == ["completion", "tools", "thinking"]
+    assert config["renderer"] == "jinja"
+    assert config["context_length"] == 4096
+
+
+def _count_parameters(directory) -> int:
+    return sum(a.size for a in load_file(str(directory / "model.safetensors")).values())
+
+
+def test_sharded_bf16_checkpoint(store, registry, tmp_path):
+    directory = write_checkpoint(tmp_path / "sharded", "qwen3_moe", dtype="bfloat16", shards=3)
+    create(store, registry, files=upload_dir(store, directory))
+    config = store.config(store.get(ModelName.parse("tiny")))
+    assert config["file_type"] == "BF16"
+    assert config["model_family"] == "qwen3_moe"
+
+
+def test_digest_mismatch_leaves_nothing(store):
+    data = b"the real bytes"
+    wrong = digest_of(b"other bytes")
+    with pytest.raises(DigestMismatch), store.blobs.writer(wrong) as w:
+        w.write(data)
+        w.commit()
+    assert not store.blobs.exists(wrong)
+    assert not store.blobs.exists(digest_of(data))
+    assert list(store.blobs.root.iterdir()) == []
+
+
+def test_unfinished_write_is_invisible_and_cleaned_at_start(store):
+    data = b"x" * 1000
+    writer = store.blobs.writer(digest_of(data))
+    writer.write(data[:500])
+    writer.file.flush()
+    assert not store.blobs.exists(digest_of(data))
+    assert store.blobs.digests() == set()
+    # A daemon killed here leaves the hidden temp file; the next start removes it.
+    restarted = Store(store.root)
+    restarted.prune()
+    assert list(store.blobs.root.iterdir()) == []
+
+
+@pytest.mark.parametrize("digest", ["sha256:abc", "sha256:" + "G" * 64, "md5:" + "0" * 64, "../" + "0" * 64, ""])
+def test_invalid_digests(store, digest):
+    with pytest.raises(InvalidDigest):
+        store.blobs.exists(digest)
+
+
+def test_malformed_manifest_is_skipped_and_blocks_pruning(store, registry, tiny_qwen3):
+    create(store, registry, files=upload_dir(store, tiny_qwen3))
+    orphan = upload(store, b"nobody refers to me")
+    broken = store.root / "manifests/registry.ollama.ai/library/broken/latest"
+    broken.parent.mkdir(parents=True)
+    broken.write_text('{"schemaVersion": 2, "config": ')
+    assert [m.name.display() for m in store.list()] == ["tiny:latest"]
+    with pytest.raises(CorruptModel, match="broken:latest.*malformed"):
+        store.get(ModelName.parse("broken"))
+    store.prune()
+    assert store.blobs.exists(orphan), "pruning must not guess what an unreadable manifest refers to"
+    broken.unlink()
+    store.prune()
+    assert not store.blobs.exists(orphan)
+    assert store.get(ModelName.parse("tiny"))
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [b"", b"[]", b'{"schemaVersion": 1}', b'{"schemaVersion": 2, "config": {}, "layers": []}',
+     b'{"schemaVersion": 2, "config": {"mediaType": "x", "digest": "sha256:00", "size": "big"}, "layers": []}',
+     b"\xff\xfe"],
+)
+def test_malformed_manifest_shapes(store, manifest):
+    path = store.root / "manifests/registry.ollama.ai/library/bad/latest"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(manifest)
+    with pytest.raises(CorruptModel):
+        store.get(ModelName.parse("bad"))
+
+
+def test_malformed_config_blob(store, registry, tiny_qwen3):
+    create(store, registry, files=upload_dir(store, tiny_qwen3))
+    model = store.get(ModelName.parse("tiny"))
+    store.blobs.path(model.manifest.config.digest).write_text("{not json")
+    with pytest.raises(CorruptModel, match="not valid JSON"):
+        store.config(model)
+
+
+def test_delete_keeps_blobs_other_models_use(store, registry, tiny_qwen3):
+    create(store, registry, files=upload_dir(store, tiny_qwen3))
+    create(store, registry, name="variant", from_="tiny", system="Be brief.")
+    store.delete(ModelName.parse("tiny"))
+    with pytest.raises(ModelNotFound):
+        store.get(ModelName.parse("tiny"))
+    variant = store.get(ModelName.parse("variant"))
+    assert all(store.blobs.exists(d) for d in variant.manifest.digests())
+    store.delete(ModelName.parse("variant"))
+    assert store.blobs.digests() == set()
+    assert not any(store.metadata_dir.iterdir())
+    assert not any(store.manifests_dir.iterdir())
+
+
+def test_create_from_model_with_overrides(store, registry, tiny_qwen3):
+    create(store, registry, files=upload_dir(store, tiny_qwen3), parameters={"temperature": 0.5, "stop": ["a"]})
+    create(store, registry, name="child", from_="tiny", system="Terse.", parameters={"top_k": 7},
+           messages=[{"role": "user", "content": "hi"}], license="MIT", capabilities=["completion"])
+    child = store.get(ModelName.parse("child"))
+    params = json.loads(store.text_blob(child.manifest.layer(mt.PARAMS).digest))
+    assert params == {"temperature": 0.5, "stop": ["a"], "top_k": 7}
+    assert store.text_blob(child.manifest.layer(mt.SYSTEM).digest) == "Terse."
+    assert store.text_blob(child.manifest.layer(mt.LICENSE).digest) == "MIT"
+    assert store.config(child)["capabilities"] == ["completion"]
+    assert child.manifest.files() == store.get(ModelName.parse("tiny")).manifest.files()
+
+
+def test_create_errors(store, registry, tiny_qwen3, tmp_path):
+    files = upload_dir(store, tiny_qwen3)
+    cases = {
+        "neither 'from' nor 'files'": {},
+        "not in the store": {"files": {**files, "extra.json": digest_of(b"never uploaded")}},
+        "invalid file name": {"files": {**files, "../escape.json": files["config.json"]}},
+        "has no config.json": {"files": {k: v for k, v in files.items() if k != "config.json"}},
+        "config.json is not valid JSON": {"files": {**files, "config.json": upload(store, b"{oops")}},
+        "config.json has no model_type": {"files": {**files, "config.json": upload(store, b"{}")}},
+        "no .safetensors": {"files": {k: v for k, v in files.items() if not k.endswith(".safetensors")}},
+        "not a valid safetensors": {"files": {**files, "model.safetensors": upload(store, b"\x08" + b"\0" * 15)}},
+        "names weight files that were not given": {
+            "files": {**files, "model.safetensors.index.json": upload(store, b'{"weight_map": {"w": "gone.safetensors"}}')}
+        },
+        "unknown parameter 'mirostat'": {"files": files, "parameters": {"mirostat": 1}},
+        "invalid value 'hot' for parameter 'temperature'": {"files": files, "parameters": {"temperature": "hot"}},
+        "unknown renderer 'nope'": {"files": files, "renderer": "nope"},
+        "unknown capabilities": {"files": files, "capabilities": ["telepathy"]},
+    }
+    for message, fields in cases.items():
+        with pytest.raises(CreateError, match=message):
+            create(store, registry, **fields)
+    assert store.list() == []
+
+
+def test_concurrent_creates_of_one_name_end_consistent(store, registry, tiny_qwen3):
+    files = upload_dir(store, tiny_qwen3)
+    systems = [f"system prompt {i}" for i in range(8)]
+    errors = []
+
+    def worker(system):
+        try:
+            create(store, registry, files=files, system=system)
+        except Exception as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in systems]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    model = store.get(ModelName.parse("tiny"))
+    assert store.text_blob(model.manifest.layer(mt.SYSTEM).digest) in systems
+    assert all(store.blobs.exists(d) for d in model.manifest.digests())
+    assert [p.name for p in store.manifests_dir.rglob("*") if p.is_file()] == ["latest"]
