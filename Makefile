@@ -3,13 +3,21 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 PYPROJECTS := pyproject.toml $(wildcard */*/pyproject.toml)
+# Debian packages: OpenBLAS, which runners preload on Linux CPUs for fast float32 GEMM.
+DEBIAN_PACKAGES := libopenblas0-pthread
 
-.PHONY: serve test
-serve: $(VENV)/.installed
+.PHONY: serve test system-packages
+serve: system-packages $(VENV)/.installed
 	$(BIN)/plugd serve
 
-test: $(VENV)/.installed-test
+test: system-packages $(VENV)/.installed-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+system-packages:
+	@if command -v apt-get >/dev/null && ! dpkg -s $(DEBIAN_PACKAGES) >/dev/null 2>&1; then \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(DEBIAN_PACKAGES); \
+	fi
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

@@ -229,3 +229,27 @@ def test_concurrent_creates_of_one_name_end_consistent(store, registry, tiny_qwe
     assert store.text_blob(model.manifest.layer(mt.SYSTEM).digest) in systems
     assert all(store.blobs.exists(d) for d in model.manifest.digests())
     assert [p.name for p in store.manifests_dir.rglob("*") if p.is_file()] == ["latest"]
+
+
+@pytest.mark.parametrize("level, bits", [("q4", 4), ("Q8", 8)])
+def test_create_quantized(store, registry, tmp_path, level, bits):
+    directory = write_checkpoint(tmp_path / "moe", "qwen3_moe")
+    statuses = create(store, registry, files=upload_dir(store, directory), quantize=level)
+    assert f"quantizing F32 model to {level.upper()}" in statuses
+    model = store.get(ModelName.parse("tiny"))
+    config = store.config(model)
+    assert config["file_type"] == f"Q{bits}"
+    assert config["parameter_count"] == _count_parameters(directory)
+    weights = model.manifest.files()["model.safetensors"]
+    assert weights.size < (directory / "model.safetensors").stat().st_size
+    hf_config = json.loads(store.text_blob(model.manifest.files()["config.json"].digest))
+    assert hf_config["quantization"]["bits"] == bits
+
+
+def test_create_quantized_errors(store, registry, tiny_qwen3):
+    files = upload_dir(store, tiny_qwen3)
+    with pytest.raises(CreateError, match="unsupported quantization 'q4_K_M'"):
+        create(store, registry, files=files, quantize="q4_K_M")
+    create(store, registry, name="q", files=files, quantize="q4")
+    with pytest.raises(CreateError, match="already quantized"):
+        create(store, registry, name="qq", from_="q", quantize="q8")

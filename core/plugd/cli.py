@@ -36,6 +36,15 @@ def human_age(iso: str) -> str:
     return "Less than a minute ago"
 
 
+def human_until(iso: str) -> str:
+    seconds = (datetime.fromisoformat(iso) - datetime.now(timezone.utc)).total_seconds()
+    for unit, size in (("hour", 3600), ("minute", 60)):
+        if seconds >= size:
+            count = int(seconds // size)
+            return f"{count} {unit}{'s' if count > 1 else ''} from now"
+    return "Less than a minute from now"
+
+
 def table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("    ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
@@ -104,6 +113,8 @@ def create_request(args: argparse.Namespace, client: DaemonClient) -> dict[str, 
     request: dict[str, Any] = {"model": args.model, "stream": True}
     if args.capabilities:
         request["capabilities"] = args.capabilities.split(",")
+    if args.quantize:
+        request["quantize"] = args.quantize
     if args.from_dir:
         request["files"] = upload_model_dir(client, Path(args.from_dir))
         return request
@@ -148,6 +159,31 @@ def cmd_plugins(args: argparse.Namespace) -> None:
     print(table(rows))
 
 
+def cmd_ps(args: argparse.Namespace) -> None:
+    models = DaemonClient().json("GET", "/api/ps")["models"]
+    rows = [["NAME", "ID", "SIZE", "CONTEXT", "UNTIL"]]
+    for m in models:
+        until = "Forever" if m["expires_at"].startswith("0001") else human_until(m["expires_at"])
+        rows.append([m["name"], m["digest"][:12], human_size(m["size"]), str(m["context_length"]), until])
+    print(table(rows))
+
+
+def cmd_stop(args: argparse.Namespace) -> None:
+    DaemonClient().json("POST", "/api/generate", {"model": args.model, "keep_alive": 0})
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    from plugd.cli_run import run
+
+    run(args.model, " ".join(args.prompt) if args.prompt else None, args.verbose)
+
+
+def cmd_runner(args: argparse.Namespace) -> None:
+    from plugd.runner.server import main
+
+    sys.exit(main(args.model_dir, args.module, args.socket))
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
     from plugd.server.daemon import serve
 
@@ -184,7 +220,25 @@ def parser() -> argparse.ArgumentParser:
     source.add_argument("--from", dest="from_dir", metavar="DIR", help="a Hugging Face safetensors model directory")
     source.add_argument("-f", "--file", metavar="MODELFILE", help="a Modelfile (default: ./Modelfile)")
     p.add_argument("--capabilities", help="comma-separated, overriding the inferred ones")
+    p.add_argument("-q", "--quantize", metavar="LEVEL", help="quantize a float model: q4 or q8 (MLX affine)")
     p.set_defaults(func=cmd_create)
+
+    p = sub.add_parser("run", help="chat with a model, or answer one prompt")
+    p.add_argument("model")
+    p.add_argument("prompt", nargs="*")
+    p.add_argument("--verbose", action="store_true", help="print timings after each reply")
+    p.set_defaults(func=cmd_run)
+
+    sub.add_parser("ps", help="list loaded models").set_defaults(func=cmd_ps)
+    p = sub.add_parser("stop", help="unload a model")
+    p.add_argument("model")
+    p.set_defaults(func=cmd_stop)
+
+    p = sub.add_parser("runner")  # spawned by the daemon, one per loaded model; not for users
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("--module", required=True)
+    p.add_argument("--socket", required=True)
+    p.set_defaults(func=cmd_runner)
 
     p = sub.add_parser("plugins", help="list installed plugins")
     p.add_argument("--json", action="store_true")

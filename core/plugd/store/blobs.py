@@ -126,6 +126,20 @@ class BlobStore:
     def writer(self, digest: str) -> BlobWriter:
         return BlobWriter(self, digest)
 
+    def import_file(self, path: Path) -> str:
+        """Store a local file's content and return its digest."""
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        digest = "sha256:" + h.hexdigest()
+        if not self.exists(digest):
+            with path.open("rb") as f, self.writer(digest) as w:
+                while chunk := f.read(1 << 20):
+                    w.write(chunk)
+                w.commit()
+        return digest
+
     def write_bytes(self, data: bytes) -> str:
         """Store `data` and return its digest (used for small layers the daemon writes itself)."""
         digest = "sha256:" + hashlib.sha256(data).hexdigest()

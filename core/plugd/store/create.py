@@ -14,7 +14,8 @@ from plugd.plugins import Registry
 from plugd.store import manifests as mt
 from plugd.store.manifests import Layer, Manifest
 from plugd.store.model_files import chat_template, read_json
-from plugd.store.metadata import file_type, human_parameters, parameter_count, tensor_metadata
+from plugd.store.metadata import file_type, human_parameters, parameter_count, quantization, tensor_metadata
+from plugd.store.quantize import QuantizeError, bits_for, quantize_files
 from plugd.store.names import ModelName
 from plugd.store.store import Store
 from plugd.types import OPTION_TYPES
@@ -41,6 +42,7 @@ class CreateRequest:
     renderer: str | None = None
     parser: str | None = None
     capabilities: list[str] | None = None
+    quantize: str | None = None
     stream: bool = True
 
 
@@ -90,6 +92,24 @@ def _tensors(store: Store, draft: _Draft) -> dict[str, dict[str, Any]]:
     for name, layer in sorted(weight_files.items()):
         tensors |= tensor_metadata(store, layer.digest, name)["tensors"]
     return tensors
+
+
+def _quantized(store: Store, registry: Registry, draft: _Draft, config: dict[str, Any], level: str,
+               status: Callable[[str], None]) -> tuple[dict[str, Layer], dict[str, Any], dict[str, dict[str, Any]]]:
+    """Replace the draft's float weights with quantized ones; returns its new files, config and tensors."""
+    try:
+        bits = bits_for(level)
+        if quantization(config):
+            raise QuantizeError("the model is already quantized")
+        architecture = registry.architectures().get(config["model_type"])
+        if architecture is None:
+            raise QuantizeError(f"no installed architecture plugin knows model_type {config['model_type']!r}")
+        status(f"quantizing {file_type(_tensors(store, draft), config)} model to {level.upper()}")
+        files = quantize_files(store, draft.files, architecture.module, bits)
+    except QuantizeError as exc:
+        raise CreateError(str(exc)) from None
+    quantized = _Draft(files=files, extra=draft.extra)
+    return files, read_json(store, files, "config.json", required=True), _tensors(store, quantized)
 
 
 def infer_capabilities(config: dict[str, Any], chat_template: str | None) -> list[str]:
@@ -165,6 +185,8 @@ def create_model(store: Store, registry: Registry, req: CreateRequest, status: C
         raise CreateError(str(exc)) from None
     if not isinstance(config.get("model_type"), str):
         raise CreateError("config.json has no model_type")
+    if req.quantize:
+        draft.files, config, tensors = _quantized(store, registry, draft, config, req.quantize, status)
     model_files = ModelFiles(config=config, chat_template=template, tokenizer_config=tokenizer_config)
 
     base = draft.base_config

@@ -53,8 +53,9 @@ def parameter_count(tensors: dict[str, dict[str, Any]], config: dict[str, Any]) 
     for name, info in tensors.items():
         n = math.prod(info["shape"])
         base = name.removesuffix(".weight")
-        if q and (base + ".scales") in tensors:
-            n = n * 32 // q["bits"] if info["dtype"] == "U32" else n
+        if q and (base + ".scales") in tensors and info["dtype"] == "U32":
+            layer = q.get(base)  # mlx-lm records layers quantized unlike the rest under their path
+            n = n * 32 // (layer if isinstance(layer, dict) else q)["bits"]
         elif q and name.endswith((".scales", ".biases")) and (name.rsplit(".", 1)[0] + ".weight") in tensors:
             continue
         total += n
