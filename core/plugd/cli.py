@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ def human_size(n: float) -> str:
 
 
 def human_age(iso: str) -> str:
-    seconds = (datetime.now(timezone.utc) - datetime.fromisoformat(iso)).total_seconds()
+    seconds = (datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds()
     for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
         if seconds >= size:
             count = int(seconds // size)
@@ -37,7 +37,7 @@ def human_age(iso: str) -> str:
 
 
 def human_until(iso: str) -> str:
-    seconds = (datetime.fromisoformat(iso) - datetime.now(timezone.utc)).total_seconds()
+    seconds = (datetime.fromisoformat(iso) - datetime.now(UTC)).total_seconds()
     for unit, size in (("hour", 3600), ("minute", 60)):
         if seconds >= size:
             count = int(seconds // size)

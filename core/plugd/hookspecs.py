@@ -150,14 +150,15 @@ class CachePolicy:
 
 @define(frozen=True)
 class MemoryFit:
-    """A bound on the bytes available for loading models; the scheduler takes the tightest bound.
+    """A bound on the bytes plugd's loaded models may use in all; the scheduler takes the tightest bound.
 
-    `available_bytes()` returns None when it has no opinion (for example on a
-    platform it does not know).
+    `budget(in_use)` is given the bytes the models loaded now are estimated to
+    hold and returns the total they may hold, or None when it has no opinion
+    (for example on a platform it does not know).
     """
 
     name: str
-    available_bytes: Callable[[], int | None]
+    budget: Callable[[int], int | None]
 
 
 @define(frozen=True)

@@ -119,6 +119,24 @@ def _str_or_strings(value: Any, _: type) -> str | list[str] | None:
 converter.register_structure_hook(str | list[str] | None, _str_or_strings)
 
 
+def _think(value: Any, _: type) -> Think:
+    if value is None or isinstance(value, bool) or value in ("low", "medium", "high"):
+        return value
+    raise ValueError(f"think must be true, false, \"low\", \"medium\" or \"high\", not {value!r}")
+
+
+converter.register_structure_hook(Think, _think)
+
+
+def _duration(value: Any, _: type) -> str | int | float | None:
+    if value is None or isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return value
+    raise ValueError(f"expected a duration string or a number of seconds, not {value!r}")
+
+
+converter.register_structure_hook(str | int | float | None, _duration)
+
+
 def structure(data: Any, cls: type) -> Any:
     """Read `data` (parsed JSON) as `cls`, raising ValueError with a readable reason on bad input."""
     try:

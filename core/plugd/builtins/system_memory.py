@@ -1,4 +1,4 @@
-"""Built-in memory fit: a load may use at most the memory the system reports as available."""
+"""Built-in memory fit: models may use what they hold now plus the memory the system reports as available."""
 
 from __future__ import annotations
 
@@ -22,6 +22,11 @@ def available_bytes() -> int | None:
         return None
 
 
+def budget(in_use: int) -> int | None:
+    available = available_bytes()
+    return None if available is None else available + in_use
+
+
 @hookimpl
 def plugd_memory_fits():
-    return [MemoryFit(name="system-memory", available_bytes=available_bytes)]
+    return [MemoryFit(name="system-memory", budget=budget)]

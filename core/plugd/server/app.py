@@ -9,8 +9,11 @@ from litestar import Litestar, Request, Response
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
+from plugd.chat.models import UnsupportedModel
+from plugd.chat.pipeline import InvalidRequest, Services
 from plugd.plugins import Registry
-from plugd.server import ollama
+from plugd.scheduler.scheduler import QueueFull, Scheduler
+from plugd.server import ollama, ollama_generate
 from plugd.server.bodies import BadRequest
 from plugd.store.blobs import DigestMismatch, InvalidDigest
 from plugd.store.create import CreateError
@@ -28,6 +31,9 @@ _STATUS = {
     DigestMismatch: 400,
     CreateError: 400,
     ModelNotFound: 404,
+    InvalidRequest: 400,
+    UnsupportedModel: 400,
+    QueueFull: 503,
     CorruptModel: 500,
     MalformedModelFile: 500,
 }
@@ -45,15 +51,13 @@ def _error_response(request: Request, exc: Exception) -> Response[Any]:
 
 
 def create_app(store: Store, registry: Registry) -> Litestar:
-    return Litestar(
-        route_handlers=ollama.ROUTES,
-        state=State({"store": store, "registry": registry}),
-        exception_handlers={Exception: _error_response},
-        on_startup=[lambda: _startup(store, registry)],
-        logging_config=None,
-    )
-
-
-def _startup(store: Store, registry: Registry) -> None:
+    services = Services(store=store, registry=registry, scheduler=Scheduler(registry))
     if not registry.architectures():
         log.warning("no architecture plugin is installed: models can be stored but not run")
+    return Litestar(
+        route_handlers=ollama.ROUTES + ollama_generate.ROUTES,
+        state=State({"services": services}),
+        exception_handlers={Exception: _error_response},
+        on_shutdown=[services.scheduler.shutdown],
+        logging_config=None,
+    )

@@ -8,7 +8,7 @@ from typing import Any
 from plugd.store import manifests as mt
 from plugd.store.metadata import tensor_metadata
 from plugd.store.model_files import chat_template
-from plugd.store.store import StoredModel, Store
+from plugd.store.store import Store, StoredModel
 
 
 def details(config: dict[str, Any]) -> dict[str, Any]:

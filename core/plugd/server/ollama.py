@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -15,7 +17,7 @@ from litestar.response import Stream
 
 from plugd import __version__
 from plugd.server.bodies import BadRequest, read_body
-from plugd.server.model_views import show_payload, tags_entry
+from plugd.server.model_views import details, show_payload, tags_entry
 from plugd.store.create import CreateRequest, create_model
 from plugd.store.names import ModelName
 from plugd.store.store import CorruptModel, Store
@@ -49,7 +51,7 @@ class CopyRequest:
 
 
 def _store(request: Request) -> Store:
-    return request.app.state.store
+    return request.app.state.services.store
 
 
 @get("/", sync_to_thread=False, media_type="text/plain")
@@ -81,6 +83,27 @@ async def tags(request: Request) -> dict[str, Any]:
         return out
 
     return {"models": await anyio.to_thread.run_sync(entries)}
+
+
+@get("/api/ps")
+async def ps(request: Request) -> dict[str, Any]:
+    scheduler = request.app.state.services.scheduler
+    models = []
+    for entry in scheduler.loaded.values():
+        name = entry.model.name.display()
+        expires = "0001-01-01T00:00:00Z" if entry.expires_at == math.inf else datetime.fromtimestamp(
+            entry.expires_at, UTC).isoformat()
+        models.append({
+            "name": name,
+            "model": name,
+            "size": entry.size,
+            "digest": entry.model.digest,
+            "details": details(entry.model.config),
+            "expires_at": expires,
+            "size_vram": 0,
+            "context_length": entry.num_ctx,
+        })
+    return {"models": models}
 
 
 @post("/api/show", status_code=200)
@@ -127,7 +150,7 @@ async def upload_blob(request: Request, digest: str) -> Response[None]:
 @post("/api/create")
 async def create(request: Request) -> Any:
     body = await read_body(request, CreateRequest)
-    store, registry = _store(request), request.app.state.registry
+    store, registry = _store(request), request.app.state.services.registry
     statuses: list[str] = []
     await anyio.to_thread.run_sync(lambda: create_model(store, registry, body, statuses.append))
     statuses.append("success")
@@ -141,4 +164,4 @@ async def _ndjson(items) -> AsyncIterator[bytes]:
         yield json.dumps(item).encode() + b"\n"
 
 
-ROUTES = [root, root_head, version, tags, show, copy, delete_model, blob_exists, upload_blob, create]
+ROUTES = [root, root_head, version, tags, ps, show, copy, delete_model, blob_exists, upload_blob, create]

@@ -13,10 +13,10 @@ from plugd.hookspecs import ModelFiles
 from plugd.plugins import Registry
 from plugd.store import manifests as mt
 from plugd.store.manifests import Layer, Manifest
-from plugd.store.model_files import chat_template, read_json
 from plugd.store.metadata import file_type, human_parameters, parameter_count, quantization, tensor_metadata
-from plugd.store.quantize import QuantizeError, bits_for, quantize_files
+from plugd.store.model_files import chat_template, read_json
 from plugd.store.names import ModelName
+from plugd.store.quantize import QuantizeError, bits_for, quantize_files
 from plugd.store.store import Store
 from plugd.types import OPTION_TYPES
 
@@ -190,7 +190,9 @@ def create_model(store: Store, registry: Registry, req: CreateRequest, status: C
     model_files = ModelFiles(config=config, chat_template=template, tokenizer_config=tokenizer_config)
 
     base = draft.base_config
-    capabilities = req.capabilities if req.capabilities is not None else base.get("capabilities") or infer_capabilities(config, template)
+    capabilities = req.capabilities
+    if capabilities is None:
+        capabilities = base.get("capabilities") or infer_capabilities(config, template)
     if unknown := set(capabilities) - set(CAPABILITIES):
         raise CreateError(f"unknown capabilities {sorted(unknown)}; known: {', '.join(CAPABILITIES)}")
     params_layer = draft.extra.get(mt.PARAMS)

@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,7 @@ class Store:
             manifest = Manifest.from_bytes(raw)
         except MalformedManifest as exc:
             raise CorruptModel(f"manifest of '{name}' ({path}) is malformed: {exc}") from None
-        return StoredModel(name, manifest, datetime.fromtimestamp(mtime, timezone.utc))
+        return StoredModel(name, manifest, datetime.fromtimestamp(mtime, UTC))
 
     def read_json_blob(self, digest: str, what: str) -> dict[str, Any]:
         try:

@@ -58,6 +58,19 @@ class LiveServer:
             check=check, timeout=120,
         )
 
+    def runner_pids(self) -> list[int]:
+        """Process ids of this daemon's live `plugd runner` children."""
+        pids = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if int(fields[1]) == self.process.pid and fields[0] != "Z" and b"runner" in cmdline:
+                pids.append(int(stat.parent.name))
+        return pids
+
     def kill(self) -> None:
         self.process.send_signal(signal.SIGKILL)
         self.process.wait()

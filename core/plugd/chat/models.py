@@ -1,0 +1,74 @@
+"""Everything the pipeline needs to know about a stored model, read from the store's small files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from attrs import define
+
+from plugd.hookspecs import Architecture, ModelFiles
+from plugd.plugins import Registry
+from plugd.store import manifests as mt
+from plugd.store.metadata import tensor_metadata
+from plugd.store.model_files import chat_template, read_json
+from plugd.store.names import ModelName
+from plugd.store.store import Store
+from plugd.types import Message
+
+
+class UnsupportedModel(ValueError):
+    """No installed plugin can run this model."""
+
+
+@define(frozen=True)
+class ResolvedModel:
+    name: ModelName
+    digest: str  # of the manifest: a model changes identity when any of its layers does
+    files: dict[str, Path]  # model directory file name -> blob path
+    config: dict[str, Any]  # the store's config blob (capabilities, renderer, parser, ...)
+    model_files: ModelFiles
+    generation_config: dict[str, Any]
+    architecture: Architecture | None
+    tensors: dict[str, dict[str, Any]]
+    parameters: dict[str, Any]
+    system: str | None
+    messages: list[Message]
+
+    def require_architecture(self) -> Architecture:
+        if self.architecture is None:
+            model_type = self.model_files.config.get("model_type")
+            raise UnsupportedModel(
+                f"no installed architecture plugin runs model_type {model_type!r} (model '{self.name}'); "
+                "see `plugd plugins`"
+            )
+        return self.architecture
+
+
+def resolve(store: Store, registry: Registry, name: ModelName) -> ResolvedModel:
+    model = store.get(name)
+    files = model.manifest.files()
+    hf_config = read_json(store, files, "config.json", required=True)
+    texts = {layer.media_type: store.text_blob(layer.digest) for layer in model.manifest.layers
+             if layer.media_type in (mt.TEMPLATE, mt.SYSTEM, mt.PARAMS, mt.MESSAGES)}
+    template = texts.get(mt.TEMPLATE) or chat_template(store, files)
+    tensors: dict[str, dict[str, Any]] = {}
+    for file, layer in files.items():
+        if file.endswith(".safetensors"):
+            tensors |= tensor_metadata(store, layer.digest, file)["tensors"]
+    return ResolvedModel(
+        name=name,
+        digest=model.manifest.digest(),
+        files={file: store.blobs.path(layer.digest) for file, layer in files.items()},
+        config=store.config(model),
+        model_files=ModelFiles(
+            config=hf_config, chat_template=template, tokenizer_config=read_json(store, files, "tokenizer_config.json")
+        ),
+        generation_config=read_json(store, files, "generation_config.json"),
+        architecture=registry.architectures().get(hf_config.get("model_type")),
+        tensors=tensors,
+        parameters=json.loads(texts[mt.PARAMS]) if mt.PARAMS in texts else {},
+        system=texts.get(mt.SYSTEM),
+        messages=[Message(m["role"], m["content"]) for m in json.loads(texts.get(mt.MESSAGES, "[]"))],
+    )

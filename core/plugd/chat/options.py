@@ -1,0 +1,64 @@
+"""Generation options: Ollama's defaults, then the checkpoint's generation_config, the Modelfile, the request."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import attrs
+
+from plugd.types import Options, structure
+
+# Ollama's defaults, except num_ctx which PLUGD_CONTEXT_LENGTH may change.
+DEFAULTS: dict[str, Any] = {
+    "num_ctx": 4096,
+    "num_batch": 512,
+    "num_keep": 4,
+    "num_predict": -1,
+    "temperature": 0.8,
+    "top_k": 40,
+    "top_p": 0.9,
+    "min_p": 0.0,
+    "repeat_penalty": 1.1,
+    "repeat_last_n": 64,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "seed": None,
+    "stop": [],
+}
+# generation_config.json keys that mean the same as an Ollama option.
+_GENERATION_CONFIG = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                      "repetition_penalty": "repeat_penalty"}
+
+
+def resolve_options(generation_config: dict[str, Any], parameters: dict[str, Any], request: dict[str, Any] | None,
+                    context_length: int | None) -> Options:
+    """Every option set, later sources winning; num_ctx capped at the model's trained context length."""
+    merged = dict(DEFAULTS)
+    if env_ctx := os.environ.get("PLUGD_CONTEXT_LENGTH"):
+        merged["num_ctx"] = int(env_ctx)
+    merged |= {ours: generation_config[theirs] for theirs, ours in _GENERATION_CONFIG.items()
+               if isinstance(generation_config.get(theirs), (int, float))}
+    merged |= parameters
+    known = {a.name for a in attrs.fields(Options)}
+    merged |= {k: v for k, v in (request or {}).items() if k in known and v is not None}
+    options = structure(merged, Options)
+    if context_length and options.num_ctx > context_length:
+        options.num_ctx = context_length
+    return options
+
+
+def completion_body(options: Options, logprobs: bool, top_logprobs: int) -> dict[str, Any]:
+    """The runner's /completion fields for these options (the prompt is added by the caller)."""
+    sampling = {name: getattr(options, name) for name in (
+        "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
+        "frequency_penalty", "seed")}
+    return {
+        "sampling": sampling,
+        "num_predict": options.num_predict,
+        "num_ctx": options.num_ctx,
+        "num_keep": options.num_keep,
+        "stop": options.stop or [],
+        "logprobs": logprobs,
+        "top_logprobs": top_logprobs,
+    }

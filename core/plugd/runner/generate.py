@@ -1,0 +1,246 @@
+"""The runner's generation engine: one completion at a time on one model, in-process.
+
+A completion fits the prompt into the context, reuses the longest prefix the
+previous completion left in the caches, prefills the rest in chunks, then
+decodes pipelined: step n+1 is dispatched to MLX before token n is read, so
+the device never waits for Python. All of it must run on one thread (MLX
+streams are thread-local).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import attrs
+import mlx.core as mx
+import mlx.nn as nn
+
+from plugd.runner.sampling import Sampler, SamplingParams
+from plugd.runner.stops import StopMatcher
+from plugd.runner.tokenizer import Detokenizer, Tokenizer
+
+# MLX keeps freed buffers for reuse; generation hands them back every this many tokens.
+RELEASE_BUFFERS_EVERY = 256
+
+
+@attrs.define
+class CompletionRequest:
+    tokens: list[int]
+    sampling: SamplingParams
+    num_predict: int  # -1 (any negative): until the context is full
+    num_ctx: int  # prompt and generated tokens together
+    num_keep: int  # prompt tokens kept from the start when the prompt must be truncated
+    stop: list[str]
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+@attrs.define
+class TokenEvent:
+    """One generated token and the text it completed (empty while text is held back)."""
+
+    text: str
+    token: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] = attrs.Factory(list)
+
+
+@attrs.define
+class DoneEvent:
+    done_reason: str  # "stop" (end-of-sequence or stop string), "length" (num_predict or context full), "cancel"
+    prompt_tokens: int  # after truncation
+    prompt_eval_count: int  # prompt tokens evaluated, the reused prefix not included
+    prompt_eval_duration_ns: int
+    eval_count: int  # generated tokens, an end-of-sequence token included
+    eval_duration_ns: int
+    text: str = ""  # text still held when generation ended
+
+
+def fit_context(tokens: Sequence[int], num_ctx: int, num_keep: int) -> list[int]:
+    """Truncate the prompt as Ollama does: the first `num_keep` tokens and the most recent ones, leaving room
+    for at least one generated token."""
+    limit = max(num_ctx - 1, 1)
+    if len(tokens) <= limit:
+        return list(tokens)
+    keep = min(max(num_keep, 0), limit - 1)
+    return [*tokens[:keep], *tokens[len(tokens) - (limit - keep) :]]
+
+
+class PromptCache:
+    """The model's caches and the tokens they hold, kept from one completion to the next.
+
+    Invariant between steps: every layer's offset equals len(tokens).
+    """
+
+    def __init__(self, model: nn.Module):
+        self._model = model
+        self.reset()
+
+    def reset(self) -> None:
+        self.layers = self._model.make_cache()
+        self.tokens: list[int] = []
+
+    def rewind_for(self, prompt: Sequence[int]) -> int:
+        """Keep the longest cached prefix of `prompt`, short of its last token; return its length."""
+        keep = 0
+        for cached, wanted in zip(self.tokens, prompt[:-1]):
+            if cached != wanted:
+                break
+            keep += 1
+        excess = len(self.tokens) - keep
+        if any(layer.trim(excess) != excess for layer in self.layers):
+            self.reset()  # a cache that cannot forget that much starts over
+            return 0
+        del self.tokens[keep:]
+        return keep
+
+    def prefill(self, tokens: list[int]) -> None:
+        """Run `tokens` through the model into the caches, evaluated now."""
+        self._model(mx.array(tokens, mx.int32)[None], cache=self.layers)
+        mx.eval([layer.state for layer in self.layers])
+        self.tokens += tokens
+
+
+@attrs.frozen
+class _PendingToken:
+    """A dispatched step's results, not yet read."""
+
+    token: mx.array
+    logprob: mx.array | None
+    top_ids: mx.array | None
+    top_logprobs: mx.array | None
+
+    def arrays(self) -> list[mx.array]:
+        return [a for a in (self.token, self.logprob, self.top_ids, self.top_logprobs) if a is not None]
+
+    def read(self) -> TokenEvent:
+        event = TokenEvent("", self.token.item())
+        if self.logprob is not None:
+            event.logprob = self.logprob.item()
+        if self.top_ids is not None:
+            event.top_logprobs = list(zip(self.top_ids.tolist(), self.top_logprobs.tolist()))
+        return event
+
+
+@attrs.define
+class _Tally:
+    prompt_tokens: int
+    started_ns: int = attrs.Factory(time.perf_counter_ns)
+    first_token_ns: int | None = None
+    prompt_eval_count: int = 0
+    eval_count: int = 0
+
+    def done(self, reason: str, text: str = "") -> DoneEvent:
+        now = time.perf_counter_ns()
+        prompt_end = self.first_token_ns or now
+        return DoneEvent(
+            done_reason=reason,
+            prompt_tokens=self.prompt_tokens,
+            prompt_eval_count=self.prompt_eval_count,
+            prompt_eval_duration_ns=prompt_end - self.started_ns,
+            eval_count=self.eval_count,
+            eval_duration_ns=now - prompt_end,
+            text=text,
+        )
+
+
+class Engine:
+    """Generates completions on one model, one at a time, reusing the previous completion's caches."""
+
+    def __init__(self, model: nn.Module, tokenizer: Tokenizer, prefill_chunk: int = 512):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.prefill_chunk = prefill_chunk
+        self.cache = PromptCache(model)
+
+    def complete(self, request: CompletionRequest, cancelled: Callable[[], bool]) -> Iterator[TokenEvent | DoneEvent]:
+        """Token events, then one DoneEvent. `cancelled` is polled between prefill chunks and decode steps."""
+        prompt = fit_context(request.tokens, request.num_ctx, request.num_keep)
+        if not prompt:
+            raise ValueError("a completion needs at least one prompt token")
+        try:
+            yield from self._complete(prompt, request, cancelled)
+        except Exception:
+            self.cache.reset()  # a step that failed half-way leaves caches and tokens out of step
+            raise
+
+    def _complete(self, prompt: list[int], request: CompletionRequest, cancelled: Callable[[], bool]):
+        tally = _Tally(len(prompt))
+        if not self._prefill(prompt, tally, cancelled):
+            yield tally.done("cancel")
+            return
+        room = request.num_ctx - len(prompt)
+        budget = room if request.num_predict < 0 else min(request.num_predict, room)
+        if budget <= 0:
+            yield tally.done("length")
+            return
+        yield from self._decode(prompt, request, budget, tally, cancelled)
+
+    def _prefill(self, prompt: list[int], tally: _Tally, cancelled: Callable[[], bool]) -> bool:
+        """Bring the caches up to all but the last prompt token, chunk by chunk; False when cancelled."""
+        for start in range(self.cache.rewind_for(prompt), len(prompt) - 1, self.prefill_chunk):
+            if cancelled():
+                return False
+            chunk = prompt[start : min(start + self.prefill_chunk, len(prompt) - 1)]
+            self.cache.prefill(chunk)
+            tally.prompt_eval_count += len(chunk)
+        return True
+
+    def _decode(
+        self, prompt: list[int], request: CompletionRequest, budget: int, tally: _Tally, cancelled: Callable[[], bool]
+    ) -> Iterator[TokenEvent | DoneEvent]:
+        """Generate up to `budget` tokens from the last prompt token, each step dispatched before the last is read."""
+        sampler = Sampler(request.sampling, prompt, request.num_ctx)
+        top_n = request.top_logprobs if request.logprobs else 0
+        pending = self._dispatch(mx.array(prompt[-1:], mx.int32), sampler, request.logprobs, top_n)
+        self.cache.tokens.append(prompt[-1])
+        tally.prompt_eval_count += 1
+        detokenizer, stops = Detokenizer(self.tokenizer), StopMatcher(request.stop)
+        while True:
+            if cancelled():
+                yield tally.done("cancel")
+                return
+            more = tally.eval_count + 1 < budget
+            following = self._dispatch(pending.token, sampler, request.logprobs, top_n) if more else None
+            event = pending.read()
+            if tally.first_token_ns is None:
+                tally.first_token_ns = time.perf_counter_ns()
+            if more:
+                self.cache.tokens.append(event.token)  # `following` fed it to the model
+            tally.eval_count += 1
+            if tally.eval_count // RELEASE_BUFFERS_EVERY > (tally.eval_count - 1) // RELEASE_BUFFERS_EVERY:
+                mx.clear_cache()
+            if event.token in self.tokenizer.eos_ids:
+                yield tally.done("stop", _remaining_text(detokenizer, stops))
+                return
+            event.text = stops.feed(detokenizer.add(event.token))
+            yield event
+            if stops.stopped:
+                yield tally.done("stop")
+                return
+            if not more:
+                yield tally.done("length", _remaining_text(detokenizer, stops))
+                return
+            pending = following
+
+    def _dispatch(self, tokens: mx.array, sampler: Sampler, logprobs: bool, top_n: int) -> _PendingToken:
+        """Feed `tokens` (1-D, possibly not yet computed) to the model and start computing the next token."""
+        logits = self.model(tokens.reshape(1, -1), cache=self.cache.layers)[0, -1]
+        token, distribution = sampler(logits)
+        chosen = distribution[token] if logprobs else None
+        top_ids = top_logprobs = None
+        top_n = min(top_n, distribution.shape[-1])
+        if top_n > 0:
+            candidates = mx.argpartition(-distribution, kth=top_n - 1)[:top_n]
+            top_ids = candidates[mx.argsort(-distribution[candidates])]
+            top_logprobs = distribution[top_ids]
+        pending = _PendingToken(token, chosen, top_ids, top_logprobs)
+        mx.async_eval(*pending.arrays())
+        return pending
+
+
+def _remaining_text(detokenizer: Detokenizer, stops: StopMatcher) -> str:
+    """The text still held by the detokenizer and the stop matcher, at the end of generation."""
+    text = stops.feed(detokenizer.flush())
+    return text if stops.stopped else text + stops.flush()

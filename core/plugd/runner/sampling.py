@@ -1,0 +1,116 @@
+"""Choosing the next token from the model's logits, as llama.cpp and Ollama do.
+
+Order: repetition penalties over the recent tokens, then (unless greedy) the
+top-k, top-p and min-p filters on the penalised distribution, then the
+temperature and a categorical draw. Temperature 0 is greedy: the argmax of the
+penalised logits.
+
+Everything stays lazy (MLX arrays, no reads), so the next decode step can be
+dispatched before this token is known.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+import attrs
+import mlx.core as mx
+
+NEGATIVE_INFINITY = float("-inf")
+
+
+@attrs.frozen
+class SamplingParams:
+    """Sampling settings with Ollama's defaults. A seed of None (or negative) draws a fresh one."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.9
+    min_p: float = 0.0
+    repeat_penalty: float = 1.1
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+    @property
+    def penalizes(self) -> bool:
+        return self.repeat_last_n != 0 and (
+            self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        )
+
+    def penalty_window(self, num_ctx: int) -> int:
+        """How many recent tokens the penalties look at; repeat_last_n -1 means the whole context."""
+        return num_ctx if self.repeat_last_n < 0 else self.repeat_last_n
+
+
+def apply_penalties(logits: mx.array, recent: mx.array, params: SamplingParams) -> mx.array:
+    """Penalise tokens that occur in `recent`, llama.cpp's way.
+
+    The repeat penalty divides a positive logit and multiplies a negative one
+    (both make the token less likely); the presence penalty is subtracted once
+    per seen token, the frequency penalty once per occurrence.
+    """
+    counts = mx.zeros(logits.shape, mx.float32).at[recent].add(1.0)
+    seen = counts > 0
+    if params.repeat_penalty != 1.0:
+        penalised = mx.where(logits > 0, logits / params.repeat_penalty, logits * params.repeat_penalty)
+        logits = mx.where(seen, penalised, logits)
+    return logits - params.frequency_penalty * counts - params.presence_penalty * seen
+
+
+def filter_logits(logits: mx.array, params: SamplingParams) -> mx.array:
+    """Set the logits of tokens that top-k, top-p or min-p rule out to -inf; the likeliest token always stays."""
+    vocab = logits.shape[-1]
+    if 0 < params.top_k < vocab:
+        ruled_out = mx.argpartition(-logits, kth=params.top_k - 1)[params.top_k :]
+        logits = mx.put_along_axis(logits, ruled_out, mx.array(NEGATIVE_INFINITY, logits.dtype), axis=-1)
+    if params.top_p < 1.0:
+        order = mx.argsort(-logits)
+        probs = mx.softmax(logits[order])
+        mass_before = mx.cumsum(probs) - probs
+        keep_sorted = (mass_before < params.top_p) | (mx.arange(vocab) == 0)
+        keep = mx.put_along_axis(mx.zeros(vocab, mx.bool_), order, keep_sorted, axis=-1)
+        logits = mx.where(keep, logits, NEGATIVE_INFINITY)
+    if params.min_p > 0.0:
+        # p >= min_p * p_max  <=>  logit >= max logit + log(min_p)
+        logits = mx.where(logits >= logits.max() + math.log(params.min_p), logits, NEGATIVE_INFINITY)
+    return logits
+
+
+class Sampler:
+    """Draws one token per call for one generation, remembering the recent tokens its penalties need."""
+
+    def __init__(self, params: SamplingParams, context: Sequence[int], num_ctx: int):
+        self.params = params
+        self._window = params.penalty_window(num_ctx) if params.penalizes else 0
+        self._recent = mx.array(list(context[-self._window :]) if self._window else [], mx.int32)
+        seed = params.seed if params.seed is not None and params.seed >= 0 else random.getrandbits(63)
+        self._key = mx.random.key(seed)
+
+    def __call__(self, logits: mx.array) -> tuple[mx.array, mx.array]:
+        """(token id as an int32 scalar, log-probabilities over the vocabulary), both lazy.
+
+        The log-probabilities are those of the penalised distribution, before the
+        filters and the temperature: what the model, with penalties, thinks of
+        each token.
+        """
+        logits = logits.astype(mx.float32)
+        if self._window and self._recent.size:
+            logits = apply_penalties(logits, self._recent, self.params)
+        logprobs = logits - mx.logsumexp(logits)
+        if self.params.greedy:
+            token = mx.argmax(logits)
+        else:
+            self._key, step_key = mx.random.split(self._key)
+            token = mx.random.categorical(filter_logits(logits, self.params) / self.params.temperature, key=step_key)
+        token = token.astype(mx.int32)
+        if self._window:
+            self._recent = mx.concatenate([self._recent, token[None]])[-self._window :]
+        return token, logprobs

@@ -1,0 +1,140 @@
+"""The daemon's handle on one runner process: spawn, wait until ready, talk over its socket, kill and reap."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes.util
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+log = logging.getLogger(__name__)
+LOAD_TIMEOUT = float(os.environ.get("PLUGD_LOAD_TIMEOUT", "600"))
+
+
+class RunnerError(RuntimeError):
+    """The runner failed to load, died, or answered with an error."""
+
+
+def _runner_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # MLX's Linux CPU wheel links a reference BLAS; a system OpenBLAS loaded first serves the same
+    # symbols with optimised float32 GEMM.
+    if sys.platform == "linux" and (openblas := ctypes.util.find_library("openblas")):
+        env["LD_PRELOAD"] = " ".join(filter(None, [env.get("LD_PRELOAD"), openblas]))
+    return env
+
+
+class RunnerProcess:
+    """One `plugd runner` child. `start` and `close` are serialised; once closing has begun, start refuses."""
+
+    def __init__(self, files: dict[str, Path], module: str):
+        self.files = files
+        self.module = module
+        self.workdir = Path(tempfile.mkdtemp(prefix="plugd-runner-"))
+        self.socket = self.workdir / "runner.sock"
+        self.log_path = self.workdir / "runner.log"
+        self.process: asyncio.subprocess.Process | None = None
+        self.closing = False
+        self._lock = asyncio.Lock()
+        self.http = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=str(self.socket)), base_url="http://runner",
+            timeout=httpx.Timeout(30.0, read=None),
+        )
+
+    def _model_dir(self) -> Path:
+        """The Hugging Face layout the runner loads: links named as the files, pointing at their blobs."""
+        directory = self.workdir / "model"
+        directory.mkdir()
+        for name, blob in self.files.items():
+            (directory / name).symlink_to(blob)
+        return directory
+
+    async def start(self) -> None:
+        async with self._lock:
+            if self.closing:
+                raise RunnerError("runner is closing")
+            with self.log_path.open("wb") as log_file:
+                self.process = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "plugd", "runner", "--model-dir", str(self._model_dir()),
+                    "--module", self.module, "--socket", str(self.socket),
+                    stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=_runner_env(),
+                )
+            try:
+                await asyncio.wait_for(self._wait_ready(), LOAD_TIMEOUT)
+            except TimeoutError:
+                raise RunnerError(f"model did not load within {LOAD_TIMEOUT:.0f}s") from None
+
+    async def _wait_ready(self) -> None:
+        while True:
+            if self.process.returncode is not None:
+                raise RunnerError(self.failure())
+            try:
+                if (await self.http.get("/status")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.05)
+
+    def failure(self) -> str:
+        """Why the process ended, from its exit status and the last line it wrote."""
+        lines = self.log_path.read_text(errors="replace").strip().splitlines() if self.log_path.exists() else []
+        last = next((line for line in reversed(lines) if line.startswith("error: ")), None)
+        if last:
+            return last.removeprefix("error: ")
+        code = self.process.returncode if self.process else None
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with status {code}"
+        return f"model runner {how}" + (f": {lines[-1]}" if lines else "")
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.returncode is None and not self.closing
+
+    async def wait(self) -> int:
+        return await self.process.wait()
+
+    async def close(self) -> None:
+        """Kill the process and wait until it is reaped, so its memory is back before anything else loads."""
+        async with self._lock:
+            self.closing = True
+            if self.process and self.process.returncode is None:
+                self.process.kill()
+                await self.process.wait()
+            await self.http.aclose()
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    async def post(self, path: str, body: dict[str, Any]) -> Any:
+        try:
+            response = await self.http.post(path, json=body)
+        except httpx.TransportError:
+            raise RunnerError(self.failure() if self.process.returncode is not None else "runner unreachable") from None
+        if response.is_error:
+            raise RunnerError(response.json().get("error", response.text))
+        return response.json()
+
+    async def status(self) -> dict[str, Any]:
+        return (await self.http.get("/status")).json()
+
+    async def completion(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """The runner's NDJSON events; a runner that dies mid-stream raises RunnerError."""
+        try:
+            async with self.http.stream("POST", "/completion", json=body) as response:
+                async for line in response.aiter_lines():
+                    if line:
+                        event = json.loads(line)
+                        if "error" in event:
+                            raise RunnerError(event["error"])
+                        yield event
+        except (httpx.TransportError, json.JSONDecodeError):
+            await asyncio.sleep(0.05)  # let the exit status arrive so the message can say what happened
+            raise RunnerError(
+                self.failure() if self.process.returncode is not None else "lost the connection to the model runner"
+            ) from None

@@ -1,0 +1,177 @@
+"""Which models are loaded: acquire and release per request, keep_alive, eviction, memory fit, the queue."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from attrs import define, field
+
+from plugd.chat.models import ResolvedModel
+from plugd.plugins import Registry
+from plugd.scheduler import memory
+from plugd.scheduler.runner_client import RunnerProcess
+
+log = logging.getLogger(__name__)
+
+
+class QueueFull(RuntimeError):
+    def __init__(self, limit: int):
+        super().__init__(f"server busy: {limit} requests are already waiting; try again later")
+
+
+@define(eq=False)
+class Loaded:
+    model: ResolvedModel
+    runner: RunnerProcess
+    num_ctx: int
+    size: int
+    active: int = 0
+    keep_alive: float = 300.0
+    unload_requested: bool = False
+    expires_at: float = math.inf  # time.time() when it unloads; inf while in use or kept for ever
+    last_used: float = field(factory=time.monotonic)
+    expiry: asyncio.TimerHandle | None = None
+
+
+class Scheduler:
+    def __init__(self, registry: Registry):
+        self.registry = registry
+        self.max_loaded = int(os.environ.get("PLUGD_MAX_LOADED_MODELS") or 0) or math.inf
+        self.max_queue = int(os.environ.get("PLUGD_MAX_QUEUE") or 512)
+        self.loaded: dict[str, Loaded] = {}  # by manifest digest
+        self.waiting = 0
+        self.changed = asyncio.Condition()
+
+    def in_use(self) -> int:
+        return sum(entry.size for entry in self.loaded.values())
+
+    @asynccontextmanager
+    async def acquire(self, model: ResolvedModel, num_ctx: int, keep_alive: float) -> AsyncIterator[Loaded]:
+        """A loaded runner for `model`, held until the block ends; then keep_alive decides when it unloads."""
+        if self.waiting >= self.max_queue:
+            raise QueueFull(self.max_queue)
+        self.waiting += 1
+        try:
+            entry = await self._ready(model, num_ctx)
+        finally:
+            self.waiting -= 1
+        try:
+            yield entry
+        finally:
+            await self._release(entry, keep_alive)
+
+    async def _ready(self, model: ResolvedModel, num_ctx: int) -> Loaded:
+        module = model.require_architecture().module
+        needed = memory.weight_bytes(model.tensors) + memory.kv_cache_bytes(model.model_files.config, num_ctx)
+        async with self.changed:
+            while True:
+                entry = self.loaded.get(model.digest)
+                if entry and entry.runner.alive and entry.num_ctx == num_ctx:
+                    self._hold(entry)
+                    return entry
+                if entry and entry.active == 0:
+                    await self._unload(entry)  # dead, or loaded with another context length
+                    continue
+                if entry is None and await self._make_room(model, needed):
+                    break
+                await self.changed.wait()
+            entry = Loaded(model=model, runner=RunnerProcess(model.files, module), num_ctx=num_ctx, size=needed)
+            self.loaded[model.digest] = entry
+            try:
+                await entry.runner.start()
+            except BaseException:
+                del self.loaded[model.digest]
+                await entry.runner.close()
+                self.changed.notify_all()
+                raise
+            asyncio.get_running_loop().create_task(self._watch(entry))
+            self._hold(entry)
+            return entry
+
+    async def _make_room(self, model: ResolvedModel, needed: int) -> bool:
+        """Evict idle models until `needed` fits; False to wait for busy ones; InsufficientMemory if it never fits."""
+        while True:
+            idle = sorted((e for e in self.loaded.values() if e.active == 0), key=lambda e: e.last_used)
+            bound = memory.budget(self.registry, self.in_use())
+            fits = bound is None or needed + self.in_use() <= bound
+            if fits and len(self.loaded) < self.max_loaded:
+                return True
+            if idle:
+                log.info("unloading %s to make room for %s", idle[0].model.name, model.name)
+                await self._unload(idle[0])
+                continue
+            if self.loaded:
+                return False
+            raise memory.InsufficientMemory(str(model.name), needed, bound)
+
+    def _hold(self, entry: Loaded) -> None:
+        entry.active += 1
+        entry.expires_at = math.inf
+        if entry.expiry:
+            entry.expiry.cancel()
+            entry.expiry = None
+
+    async def _release(self, entry: Loaded, keep_alive: float) -> None:
+        async with self.changed:
+            entry.active -= 1
+            entry.last_used = time.monotonic()
+            entry.keep_alive = keep_alive
+            if entry.active == 0 and self.loaded.get(entry.model.digest) is entry:
+                if keep_alive <= 0 or entry.unload_requested:
+                    await self._unload(entry)
+                elif keep_alive < math.inf:
+                    entry.expires_at = time.time() + keep_alive
+                    entry.expiry = asyncio.get_running_loop().call_later(
+                        keep_alive, lambda: asyncio.ensure_future(self._expire(entry))
+                    )
+            self.changed.notify_all()
+
+    async def _expire(self, entry: Loaded) -> None:
+        async with self.changed:
+            if entry.active == 0 and self.loaded.get(entry.model.digest) is entry:
+                log.info("keep_alive expired for %s", entry.model.name)
+                await self._unload(entry)
+                self.changed.notify_all()
+
+    async def _unload(self, entry: Loaded) -> None:
+        if self.loaded.get(entry.model.digest) is entry:
+            del self.loaded[entry.model.digest]
+        if entry.expiry:
+            entry.expiry.cancel()
+        await entry.runner.close()
+
+    async def _watch(self, entry: Loaded) -> None:
+        """Notice a runner that dies on its own: forget it, so the next request loads the model again."""
+        await entry.runner.wait()
+        if entry.runner.closing:
+            return
+        log.error("runner for %s died (%s)", entry.model.name, entry.runner.failure())
+        async with self.changed:
+            if self.loaded.get(entry.model.digest) is entry:
+                del self.loaded[entry.model.digest]
+            await entry.runner.close()
+            self.changed.notify_all()
+
+    async def unload(self, digest: str) -> bool:
+        """Unload now if idle, or as soon as its requests finish (keep_alive 0). False when not loaded."""
+        async with self.changed:
+            entry = self.loaded.get(digest)
+            if entry is None:
+                return False
+            if entry.active:
+                entry.unload_requested = True
+            else:
+                await self._unload(entry)
+                self.changed.notify_all()
+            return True
+
+    async def shutdown(self) -> None:
+        async with self.changed:
+            for entry in list(self.loaded.values()):
+                await self._unload(entry)

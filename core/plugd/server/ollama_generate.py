@@ -1,0 +1,206 @@
+"""Ollama's /api/generate and /api/chat: translated onto the shared chat pipeline, written back as NDJSON."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+from attrs import define, field
+from litestar import Request, Response, post
+from litestar.response import Stream
+
+from plugd.chat import pipeline
+from plugd.chat.pipeline import ChatRequest, Delta, Final
+from plugd.scheduler.runner_client import RunnerError
+from plugd.server.bodies import BadRequest, read_body
+from plugd.types import Message, Think, Tool, ToolCall
+
+log = logging.getLogger(__name__)
+
+
+@define
+class OllamaToolCallFunction:
+    name: str
+    arguments: dict[str, Any] = field(factory=dict)
+
+
+@define
+class OllamaToolCall:
+    function: OllamaToolCallFunction
+
+
+@define
+class OllamaMessage:
+    role: str
+    content: str = ""
+    thinking: str | None = None
+    images: list[str] | None = None
+    tool_calls: list[OllamaToolCall] | None = None
+    tool_name: str | None = None
+
+
+@define
+class OllamaFunction:
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(factory=dict)
+
+
+@define
+class OllamaTool:
+    function: OllamaFunction
+    type: str = "function"
+
+
+@define
+class GenerateBody:
+    model: str
+    prompt: str = ""
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None
+    raw: bool = False
+    images: list[str] | None = None
+    format: Any = None
+    think: Think = None
+    stream: bool = True
+    keep_alive: str | int | float | None = None
+    options: dict[str, Any] | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+@define
+class ChatBody:
+    model: str
+    messages: list[OllamaMessage] = field(factory=list)
+    tools: list[OllamaTool] | None = None
+    format: Any = None
+    think: Think = None
+    stream: bool = True
+    keep_alive: str | int | float | None = None
+    options: dict[str, Any] | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+def _message(m: OllamaMessage) -> Message:
+    if m.images:
+        raise BadRequest("images are not supported yet")
+    calls = [ToolCall(c.function.name, c.function.arguments) for c in m.tool_calls or []]
+    if m.role not in ("system", "developer", "user", "assistant", "tool"):
+        raise BadRequest(f"invalid message role {m.role!r}")
+    return Message(m.role, m.content, thinking=m.thinking, tool_calls=calls, tool_name=m.tool_name)
+
+
+def _common(body: GenerateBody | ChatBody) -> dict[str, Any]:
+    if body.top_logprobs < 0 or body.top_logprobs > 20:
+        raise BadRequest("top_logprobs must be between 0 and 20")
+    return {"model": body.model, "think": body.think, "options": body.options or {}, "keep_alive": body.keep_alive,
+            "format": body.format, "logprobs": body.logprobs, "top_logprobs": body.top_logprobs}
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def _final_fields(final: Final) -> dict[str, Any]:
+    return {
+        "done": True,
+        "done_reason": final.done_reason,
+        "total_duration": final.total_duration,
+        "load_duration": final.load_duration,
+        "prompt_eval_count": final.prompt_eval_count,
+        "prompt_eval_duration": final.prompt_eval_duration,
+        "eval_count": final.eval_count,
+        "eval_duration": final.eval_duration,
+    }
+
+
+def _assistant(delta: Delta) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": delta.content}
+    if delta.thinking:
+        message["thinking"] = delta.thinking
+    if delta.tool_calls:
+        message["tool_calls"] = [{"function": {"name": c.name, "arguments": c.arguments}} for c in delta.tool_calls]
+    return message
+
+
+def _chunk(kind: str, model: str, delta: Delta) -> dict[str, Any]:
+    out: dict[str, Any] = {"model": model, "created_at": _now()}
+    if kind == "chat":
+        out["message"] = _assistant(delta)
+    else:
+        out["response"] = delta.content
+        if delta.thinking:
+            out["thinking"] = delta.thinking
+    if delta.logprobs:
+        out["logprobs"] = delta.logprobs
+    out["done"] = False
+    return out
+
+
+async def _respond(request: Request, kind: str, chat: ChatRequest, stream: bool) -> Any:
+    services = request.app.state.services
+    events = pipeline.run(services, chat)
+    first = await anext(events)  # errors before any output become an HTTP error status
+    if stream:
+        return Stream(_lines(kind, chat.model, first, events), media_type="application/x-ndjson")
+    total = Delta()
+    event = first
+    while not isinstance(event, Final):
+        total.content += event.content
+        total.thinking += event.thinking
+        total.tool_calls += event.tool_calls
+        total.logprobs += event.logprobs
+        event = await anext(events)
+    out = _chunk(kind, chat.model, total)
+    if not total.logprobs:
+        out.pop("logprobs", None)
+    return Response(out | _final_fields(event))
+
+
+async def _lines(kind: str, model: str, first: Delta | Final, events: AsyncIterator[Delta | Final]):
+    event: Delta | Final | None = first
+    try:
+        while event is not None:
+            if isinstance(event, Final):
+                empty = _chunk(kind, model, Delta())
+                yield json.dumps(empty | _final_fields(event)).encode() + b"\n"
+                return
+            yield json.dumps(_chunk(kind, model, event)).encode() + b"\n"
+            event = await anext(events, None)
+    except (RunnerError, ValueError) as exc:
+        log.error("%s on %s failed mid-stream: %s", kind, model, exc)
+        yield json.dumps({"error": str(exc)}).encode() + b"\n"
+    finally:
+        await events.aclose()
+
+
+@post("/api/generate")
+async def generate(request: Request) -> Any:
+    body = await read_body(request, GenerateBody)
+    if body.suffix:
+        raise BadRequest(f"model '{body.model}' does not support insert")
+    if body.images:
+        raise BadRequest("images are not supported yet")
+    chat = ChatRequest(**_common(body), system=body.system,
+                       messages=[] if not body.prompt or body.raw else [Message("user", body.prompt)],
+                       raw_prompt=body.prompt if body.raw and body.prompt else None)
+    if body.template:
+        raise BadRequest("a per-request template is not supported; set TEMPLATE in a Modelfile")
+    return await _respond(request, "generate", chat, body.stream)
+
+
+@post("/api/chat")
+async def chat(request: Request) -> Any:
+    body = await read_body(request, ChatBody)
+    tools = [Tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or []]
+    messages = [_message(m) for m in body.messages]
+    return await _respond(request, "chat", ChatRequest(**_common(body), messages=messages, tools=tools), body.stream)
+
+
+ROUTES = [generate, chat]

@@ -1,0 +1,106 @@
+"""The engine's contract: limits, truncation, prefix reuse, cancellation, end of sequence, stops, logprobs."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from plugd.runner.generate import Engine, fit_context
+
+PROMPT = np.random.default_rng(11).integers(0, 480, 64).tolist()
+
+
+def tokens_of(events) -> list[int]:
+    return [event.token for event in events]
+
+
+def test_num_predict_ends_with_length(engine, complete):
+    events, done = complete(engine, PROMPT[:20], num_predict=5)
+    assert len(events) == 5 and done.done_reason == "length"
+    assert (done.prompt_tokens, done.prompt_eval_count, done.eval_count) == (20, 20, 5)
+    assert done.prompt_eval_duration_ns > 0 and done.eval_duration_ns > 0
+
+
+def test_a_full_context_ends_with_length(engine, complete):
+    events, done = complete(engine, PROMPT[:20], num_predict=-1, num_ctx=26)
+    assert len(events) == 6 and done.done_reason == "length"
+
+
+def test_fit_context_keeps_the_head_and_the_most_recent_tokens():
+    tokens = list(range(40))
+    assert fit_context(tokens, num_ctx=64, num_keep=4) == tokens
+    assert fit_context(tokens, num_ctx=16, num_keep=4) == [0, 1, 2, 3, *range(29, 40)]
+    assert fit_context(tokens, num_ctx=16, num_keep=100) == [*range(14), 39]
+    assert fit_context(tokens, num_ctx=16, num_keep=0) == list(range(25, 40))
+
+
+def test_a_long_prompt_is_truncated_and_still_generates(engine, complete, qwen3_model, tokenizer):
+    events, done = complete(engine, PROMPT[:40], num_ctx=16, num_keep=4, num_predict=-1)
+    assert done.prompt_tokens == 15 and len(events) == 1 and done.done_reason == "length"
+    cold, _ = complete(Engine(qwen3_model, tokenizer), PROMPT[:4] + PROMPT[29:40], num_predict=1)
+    assert tokens_of(events) == tokens_of(cold)
+
+
+def test_a_longer_prompt_reuses_the_cached_prefix(engine, complete, qwen3_model, tokenizer):
+    complete(engine, PROMPT[:40], num_predict=4)
+    events, done = complete(engine, PROMPT, num_predict=12)
+    assert done.prompt_eval_count == 24 and done.prompt_tokens == 64
+    cold, cold_done = complete(Engine(qwen3_model, tokenizer), PROMPT, num_predict=12)
+    assert cold_done.prompt_eval_count == 64
+    assert tokens_of(events) == tokens_of(cold)
+
+
+def test_a_follow_up_turn_pays_only_for_its_new_tokens(engine, complete, qwen3_model, tokenizer):
+    first, _ = complete(engine, PROMPT[:30], num_predict=8)
+    follow_up = PROMPT[:30] + tokens_of(first) + PROMPT[30:50]
+    events, done = complete(engine, follow_up, num_predict=8)
+    # The last generated token was never fed back to the model, so it is evaluated with the new ones.
+    assert done.prompt_eval_count == 20 + 1
+    cold, _ = complete(Engine(qwen3_model, tokenizer), follow_up, num_predict=8)
+    assert tokens_of(events) == tokens_of(cold)
+
+
+def test_the_same_prompt_again_evaluates_only_its_last_token(engine, complete):
+    first, _ = complete(engine, PROMPT[:30])
+    again, done = complete(engine, PROMPT[:30])
+    assert done.prompt_eval_count == 1 and tokens_of(again) == tokens_of(first)
+
+
+def test_a_diverging_prompt_rewinds_to_the_common_prefix(engine, complete, qwen3_model, tokenizer):
+    complete(engine, PROMPT[:50])
+    diverged = PROMPT[:20] + PROMPT[40:60]
+    events, done = complete(engine, diverged)
+    assert done.prompt_eval_count == 20
+    cold, _ = complete(Engine(qwen3_model, tokenizer), diverged)
+    assert tokens_of(events) == tokens_of(cold)
+
+
+def cancel_after(calls: int):
+    """A `cancelled` callback that starts answering True on its `calls`+1-th call."""
+    count = iter(range(10**6))
+    return lambda: next(count) >= calls
+
+
+def test_cancelling_mid_prefill_keeps_what_was_computed(engine, complete, qwen3_model, tokenizer):
+    events, done = complete(engine, PROMPT, cancelled=cancel_after(2))  # prefill_chunk is 8
+    assert events == [] and done.done_reason == "cancel"
+    assert done.prompt_eval_count == 16 and done.eval_count == 0
+    retry, retry_done = complete(engine, PROMPT)
+    assert retry_done.prompt_eval_count == 64 - 16
+    cold, _ = complete(Engine(qwen3_model, tokenizer), PROMPT)
+    assert tokens_of(retry) == tokens_of(cold)
+
+
+def test_cancelling_mid_decode_stops_at_the_next_step(engine, complete, make_request, qwen3_model, tokenizer):
+    cancelled = False
+    received = []
+    for event in engine.complete(make_request(PROMPT[:30], num_predict=40), lambda: cancelled):  # noqa: B023
+        received.append(event)
+        cancelled = len(received) == 5
+    *events, done = received
+    assert len(events) == 5 and done.done_reason == "cancel" and done.eval_count == 5
+    follow_up = PROMPT[:30] + tokens_of(events) + PROMPT[30:40]
+    after, after_done = complete(engine, follow_up)
+    # Token 6 was already dispatched when the cancel came, so all five tokens shown are in the cache.
+    assert after_done.prompt_eval_count == 10
+    cold, _ = complete(Engine(qwen3_model, tokenizer), follow_up)
+    assert tokens_of(after) == tokens_of(cold)
