@@ -207,3 +207,31 @@ def test_generation_errors_are_ollama_shaped(client, plugd_server):
         response = httpx.post(plugd_server.url + "/api/generate", json=body)
         assert response.status_code == status, body
         assert text in json.loads(response.text)["error"]
+
+
+def test_logprobs(client, plugd_server):
+    body = {"model": "tiny", "prompt": "Hello", "raw": True, "stream": False, "logprobs": True, "top_logprobs": 3,
+            "options": GREEDY | {"num_predict": 6}}
+    response = httpx.post(plugd_server.url + "/api/generate", json=body, timeout=60).json()
+    entries = response["logprobs"]
+    assert len(entries) == response["eval_count"] == 6
+    assert "".join(e["token"] for e in entries) == response["response"]
+    for entry in entries:
+        assert entry["logprob"] <= 0
+        best = entry["top_logprobs"]
+        assert len(best) == 3 and best[0]["logprob"] >= best[1]["logprob"] >= best[2]["logprob"]
+        assert (best[0]["token"], best[0]["logprob"]) == (entry["token"], entry["logprob"])  # greedy picks the top
+    without = httpx.post(plugd_server.url + "/api/generate", json=body | {"logprobs": False}, timeout=60).json()
+    assert "logprobs" not in without and without["response"] == response["response"]
+
+
+def test_chat_drops_oldest_turns_to_fit_num_ctx(client):
+    options = GREEDY | {"num_predict": 8, "num_ctx": 96}
+    system = {"role": "system", "content": "Be brief."}
+    question = {"role": "user", "content": "What is a fox?"}
+    long_turn = "lazy dog " * 60  # each old turn alone exceeds num_ctx
+    history = [{"role": "user", "content": long_turn}, {"role": "assistant", "content": long_turn}] * 2
+    truncated = client.chat(model="tiny", messages=[system, *history, question], options=options)
+    expected = client.chat(model="tiny", messages=[system, question], options=options)
+    assert truncated.message.content == expected.message.content
+    assert truncated.prompt_eval_count <= 96

@@ -8,16 +8,15 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
-import mlx_lm
 import numpy as np
 import pytest
 from mlx_lm import convert
-from mlx_lm.sample_utils import make_sampler
 
 from plugd.runner import quantize
 from plugd.runner.loading import CheckpointError, load_model
 from plugd.runner.quantize import quantize_checkpoint
 from plugd.testing.checkpoints import write_checkpoint
+from plugd.testing.parity import greedy_tokens, mlx_lm_greedy_tokens
 from plugd_qwen import qwen3, qwen3_moe
 
 MODULES = {"qwen3": qwen3, "qwen3_moe": qwen3_moe}
@@ -25,22 +24,8 @@ PROMPT = mx.array(np.random.default_rng(5).integers(0, 512, 24), mx.int32)
 DECODE_TOKENS = 16
 
 
-def greedy(model, count: int) -> list[int]:
-    cache = model.make_cache()
-    logits = model(PROMPT[None], cache)
-    tokens = []
-    for _ in range(count):
-        token = mx.argmax(logits[:, -1], axis=-1)
-        tokens.append(token.item())
-        logits = model(token[None], cache)
-    return tokens
 
 
-def mlx_lm_greedy(path: Path, count: int) -> list[int]:
-    model, tokenizer = mlx_lm.load(str(path))
-    responses = list(mlx_lm.stream_generate(model, tokenizer, PROMPT, max_tokens=count, sampler=make_sampler(temp=0.0)))
-    assert responses[-1].finish_reason == "length"  # an early end-of-sequence would compare fewer tokens
-    return [response.token for response in responses]
 
 
 def disk_size(path: Path) -> int:
@@ -76,7 +61,8 @@ def quantized(request, tmp_path_factory) -> tuple[str, int, Path, Path]:
 
 def test_plugd_and_mlx_lm_load_it_and_decode_the_same_tokens(quantized):
     model_type, _, _, path = quantized
-    assert greedy(load_model(path, MODULES[model_type]), DECODE_TOKENS) == mlx_lm_greedy(path, DECODE_TOKENS)
+    assert greedy_tokens(load_model(path, MODULES[model_type]), PROMPT, DECODE_TOKENS) == mlx_lm_greedy_tokens(
+        path, PROMPT, DECODE_TOKENS)
 
 
 def test_config_records_the_quantization_as_mlx_lm_does(quantized):
@@ -135,8 +121,8 @@ def test_large_checkpoints_are_sharded_with_an_index(tmp_path, monkeypatch):
     assert sorted(set(index["weight_map"].values())) == files
     assert index["weight_map"].keys() == tensors(tmp_path / "whole").keys()
     assert_same_tensors(tmp_path / "sharded", tmp_path / "whole")
-    tokens = greedy(load_model(tmp_path / "sharded", qwen3_moe), DECODE_TOKENS)
-    assert tokens == mlx_lm_greedy(tmp_path / "sharded", DECODE_TOKENS)
+    tokens = greedy_tokens(load_model(tmp_path / "sharded", qwen3_moe), PROMPT, DECODE_TOKENS)
+    assert tokens == mlx_lm_greedy_tokens(tmp_path / "sharded", PROMPT, DECODE_TOKENS)
 
 
 @pytest.mark.parametrize(("bits", "group_size", "message"), [(7, 64, "7 bits"), (4, 48, "groups of 48")])

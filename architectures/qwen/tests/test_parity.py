@@ -11,12 +11,10 @@ import shutil
 from pathlib import Path
 
 import mlx.core as mx
-import mlx_lm
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 from mlx_lm import convert
-from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import load_model as load_reference
 
 from plugd.nn.cache import KVCache
@@ -24,6 +22,7 @@ from plugd.nn.linear import QuantizedEmbedding, QuantizedLinear
 from plugd.nn.switch import QuantizedSwitchLinear, SwitchLinear
 from plugd.runner.loading import load_model
 from plugd.testing.checkpoints import write_checkpoint
+from plugd.testing.parity import greedy_tokens, mlx_lm_greedy_tokens
 from plugd_qwen import qwen3, qwen3_moe
 
 MODULES = {"qwen3": qwen3, "qwen3_moe": qwen3_moe}
@@ -36,24 +35,8 @@ def last_logits_difference(ours: mx.array, reference: mx.array) -> float:
     return mx.abs(ours[0, -1] - reference[0, -1]).max().item()
 
 
-def greedy(model, prompt: mx.array, count: int) -> list[int]:
-    """Prefill, then decode `count` argmax tokens one at a time through the model's own cache."""
-    cache = model.make_cache()
-    logits = model(prompt[None], cache)
-    tokens = []
-    for _ in range(count):
-        token = mx.argmax(logits[:, -1], axis=-1)
-        tokens.append(token.item())
-        logits = model(token[None], cache)
-    return tokens
 
 
-def reference_greedy(path: Path, prompt: mx.array, count: int) -> list[int]:
-    model, tokenizer = mlx_lm.load(str(path))
-    responses = list(mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=count, sampler=make_sampler(temp=0.0)))
-    # stream_generate stops at an end-of-sequence token; a shorter run would compare less than asked.
-    assert responses[-1].finish_reason == "length"
-    return [response.token for response in responses]
 
 
 @pytest.fixture(scope="module", params=sorted(MODULES))
@@ -83,7 +66,7 @@ def test_chunked_prefill_through_the_cache_matches_mlx_lm(checkpoint):
 def test_cached_greedy_decode_matches_mlx_lm_generate(checkpoint):
     model_type, path = checkpoint
     ours = load_model(path, MODULES[model_type])
-    assert greedy(ours, PROMPT, DECODE_TOKENS) == reference_greedy(path, PROMPT, DECODE_TOKENS)
+    assert greedy_tokens(ours, PROMPT, DECODE_TOKENS) == mlx_lm_greedy_tokens(path, PROMPT, DECODE_TOKENS)
 
 
 @pytest.mark.parametrize("model_type", sorted(MODULES))
@@ -141,7 +124,7 @@ def test_quantized_logits_and_greedy_decode_match_mlx_lm(quantized):
     ours = load_model(path, MODULES[model_type])
     reference, _ = load_reference(path)
     assert last_logits_difference(ours(PROMPT[None]), reference(PROMPT[None])) <= TOLERANCE
-    assert greedy(ours, PROMPT, DECODE_TOKENS) == reference_greedy(path, PROMPT, DECODE_TOKENS)
+    assert greedy_tokens(ours, PROMPT, DECODE_TOKENS) == mlx_lm_greedy_tokens(path, PROMPT, DECODE_TOKENS)
 
 
 @pytest.mark.parametrize("bits", [None, 4])

@@ -10,9 +10,10 @@ from attrs import define, field
 
 from plugd.chat.models import ResolvedModel, resolve
 from plugd.chat.options import completion_body, resolve_options
-from plugd.hookspecs import ParsedPiece, RenderRequest, StreamParser
+from plugd.hookspecs import ParsedPiece, Renderer, RenderRequest, StreamParser
 from plugd.plugins import Registry
 from plugd.scheduler.durations import parse_keep_alive
+from plugd.scheduler.runner_client import RunnerProcess
 from plugd.scheduler.scheduler import Scheduler
 from plugd.store.names import ModelName
 from plugd.store.store import Store
@@ -77,19 +78,31 @@ def _conversation(model: ResolvedModel, request: ChatRequest) -> list[Message]:
     return preamble + model.messages + messages
 
 
-def _prompt(services: Services, model: ResolvedModel, request: ChatRequest) -> str:
-    if request.raw_prompt is not None:
-        return request.raw_prompt
+def _renderer(services: Services, model: ResolvedModel) -> Renderer:
     name = model.config.get("renderer") or "jinja"
     renderer = services.registry.renderers().get(name)
     if renderer is None:
         raise InvalidRequest(f"model '{model.name}' uses renderer {name!r}, which no installed plugin provides")
-    render = RenderRequest(model=model.model_files, messages=_conversation(model, request), tools=request.tools,
-                           think=request.think)
+    return renderer
+
+
+def _render(renderer: Renderer, model: ResolvedModel, request: ChatRequest, messages: list[Message]) -> str:
     try:
-        return renderer.render(render).text
+        return renderer.render(RenderRequest(model.model_files, messages, request.tools, request.think)).text
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
+
+
+async def _fitted_prompt(renderer: Renderer, model: ResolvedModel, request: ChatRequest, runner: RunnerProcess,
+                         num_ctx: int) -> str:
+    """The rendered conversation, dropping its oldest turns (never system ones, never the last) until it fits num_ctx."""
+    messages = _conversation(model, request)
+    while True:
+        prompt = _render(renderer, model, request, messages)
+        droppable = [i for i, m in enumerate(messages[:-1]) if m.role not in ("system", "developer")]
+        if not droppable or len((await runner.post("/tokenize", {"text": prompt}))["tokens"]) <= num_ctx:
+            return prompt
+        del messages[droppable[0]]
 
 
 def _parser(services: Services, model: ResolvedModel, request: ChatRequest) -> StreamParser | None:
@@ -134,15 +147,18 @@ async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta |
     except ValueError as exc:
         raise InvalidRequest(f"invalid options: {exc}") from None
     load_only = not request.messages and not request.raw_prompt
-    prompt = None if load_only else _prompt(services, model, request)
+    renderer = None if load_only or request.raw_prompt is not None else _renderer(services, model)
     parser = None if load_only else _parser(services, model, request)
 
     async with services.scheduler.acquire(model, options.num_ctx, keep_alive) as loaded:
         load_duration = time.perf_counter_ns() - started
-        if prompt is None:
+        if load_only:
             yield Final(done_reason="unload" if keep_alive == 0 else "load", load_duration=load_duration,
                         total_duration=time.perf_counter_ns() - started)
             return
+        prompt = request.raw_prompt
+        if renderer is not None:
+            prompt = await _fitted_prompt(renderer, model, request, loaded.runner, options.num_ctx)
         body = completion_body(options, request.logprobs, request.top_logprobs) | {"prompt": prompt}
         async for event in loaded.runner.completion(body):
             logprobs = [_logprob(event)] if request.logprobs and "token" in event else []

@@ -50,9 +50,6 @@ class ModelHost:
         model = load_model(model_dir, importlib.import_module(module))
         return Engine(model, Tokenizer.from_dir(model_dir))
 
-    async def run(self, fn, *args) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.mlx, fn, *args)
-
     def memory(self) -> dict[str, int]:
         return {
             "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -141,15 +138,14 @@ async def completion(request: Request) -> Stream:
 @post("/tokenize", status_code=200)
 async def tokenize(request: Request) -> dict[str, Any]:
     text = (await request.json())["text"]
-    host = _host(request)
-    return {"tokens": await host.run(host.engine.tokenizer.encode, text)}
+    # The tokenizers library needs no MLX, so this need not queue behind a generation on the MLX thread.
+    return {"tokens": await asyncio.to_thread(_host(request).engine.tokenizer.encode, text)}
 
 
 @post("/detokenize", status_code=200)
 async def detokenize(request: Request) -> dict[str, Any]:
     tokens = (await request.json())["tokens"]
-    host = _host(request)
-    return {"text": await host.run(host.engine.tokenizer.decode, tokens)}
+    return {"text": await asyncio.to_thread(_host(request).engine.tokenizer.decode, tokens)}
 
 
 def _error(request: Request, exc: Exception) -> Response[Any]:

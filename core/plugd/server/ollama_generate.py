@@ -55,36 +55,34 @@ class OllamaTool:
     type: str = "function"
 
 
-@define
-class GenerateBody:
+@define(kw_only=True)
+class _GenerationBody:
+    """What /api/generate and /api/chat bodies have in common."""
+
     model: str
+    format: Any = None
+    think: Think = None
+    stream: bool = True
+    keep_alive: str | int | float | None = None
+    options: dict[str, Any] | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+@define(kw_only=True)
+class GenerateBody(_GenerationBody):
     prompt: str = ""
     suffix: str | None = None
     system: str | None = None
     template: str | None = None
     raw: bool = False
     images: list[str] | None = None
-    format: Any = None
-    think: Think = None
-    stream: bool = True
-    keep_alive: str | int | float | None = None
-    options: dict[str, Any] | None = None
-    logprobs: bool = False
-    top_logprobs: int = 0
 
 
-@define
-class ChatBody:
-    model: str
+@define(kw_only=True)
+class ChatBody(_GenerationBody):
     messages: list[OllamaMessage] = field(factory=list)
     tools: list[OllamaTool] | None = None
-    format: Any = None
-    think: Think = None
-    stream: bool = True
-    keep_alive: str | int | float | None = None
-    options: dict[str, Any] | None = None
-    logprobs: bool = False
-    top_logprobs: int = 0
 
 
 def _message(m: OllamaMessage) -> Message:
@@ -96,7 +94,7 @@ def _message(m: OllamaMessage) -> Message:
     return Message(m.role, m.content, thinking=m.thinking, tool_calls=calls, tool_name=m.tool_name)
 
 
-def _common(body: GenerateBody | ChatBody) -> dict[str, Any]:
+def _common(body: _GenerationBody) -> dict[str, Any]:
     if body.top_logprobs < 0 or body.top_logprobs > 20:
         raise BadRequest("top_logprobs must be between 0 and 20")
     return {"model": body.model, "think": body.think, "options": body.options or {}, "keep_alive": body.keep_alive,
