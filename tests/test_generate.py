@@ -1,5 +1,6 @@
 """End to end: generation through a real daemon and real runner processes, driven by the official ollama client."""
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -17,6 +18,8 @@ from plugd.testing.plugins import write_distribution
 from plugd.testing.server import LiveServer
 
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
+# A generation that runs for minutes: room for 250k tokens, and greedy decoding of this seed cycles without EOS.
+ENDLESS = {"num_predict": -1, "num_ctx": 262144, "temperature": 0, "repeat_penalty": 1.0}
 
 
 def create(server, name, directory):
@@ -27,8 +30,13 @@ def create(server, name, directory):
 
 
 @pytest.fixture
-def client(plugd_server, tiny_qwen3):
-    return create(plugd_server, "tiny", tiny_qwen3)
+def tiny_long_context(tmp_path):
+    return write_checkpoint(tmp_path / "long", "qwen3", overrides={"max_position_embeddings": 262144})
+
+
+@pytest.fixture
+def client(plugd_server, tiny_long_context):
+    return create(plugd_server, "tiny", tiny_long_context)
 
 
 def test_generate_and_chat_streaming_and_not(client):
@@ -110,9 +118,9 @@ def test_load_unload_ps_and_keep_alive(plugd_server, client):
     client.generate(model="tiny", prompt="Hi", keep_alive=0, options={"num_predict": 2})
     assert client.ps().models == [] and plugd_server.runner_pids() == []
 
-    client.generate(model="tiny", prompt="Hi", keep_alive="1s", options={"num_predict": 2})
+    client.generate(model="tiny", prompt="Hi", keep_alive="4s", options={"num_predict": 2})
     assert len(client.ps().models) == 1
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while plugd_server.runner_pids() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert plugd_server.runner_pids() == [] and client.ps().models == []
@@ -124,8 +132,7 @@ def test_load_unload_ps_and_keep_alive(plugd_server, client):
 
 
 def test_runner_killed_mid_stream(plugd_server, client):
-    stream = client.generate(model="tiny", prompt="Tell me everything", stream=True,
-                             options={"num_predict": 100000, "temperature": 1.0})
+    stream = client.generate(model="tiny", prompt="Tell me everything", stream=True, options=ENDLESS)
     next(stream)
     (pid,) = plugd_server.runner_pids()
     os.kill(pid, signal.SIGKILL)
@@ -139,13 +146,13 @@ def test_runner_killed_mid_stream(plugd_server, client):
 
 
 def test_client_disconnect_stops_the_runner(plugd_server, client):
-    body = {"model": "tiny", "prompt": "Go on and on", "options": {"num_predict": 200000, "temperature": 1.0}}
+    body = {"model": "tiny", "prompt": "Go on and on", "options": ENDLESS}
     with httpx.stream("POST", plugd_server.url + "/api/generate", json=body, timeout=30) as response:
         for i, _ in enumerate(response.iter_lines()):
             if i == 3:
                 break
     started = time.monotonic()
-    follow_up = client.generate(model="tiny", prompt="Hi", options={"num_predict": 2})
+    follow_up = client.generate(model="tiny", prompt="Hi", options={"num_predict": 2, "num_ctx": 262144})
     assert follow_up.done
     assert time.monotonic() - started < 20, "the runner was still busy with the abandoned generation"
 
@@ -235,3 +242,29 @@ def test_chat_drops_oldest_turns_to_fit_num_ctx(client):
     expected = client.chat(model="tiny", messages=[system, question], options=options)
     assert truncated.message.content == expected.message.content
     assert truncated.prompt_eval_count <= 96
+
+
+def test_queue_limit_and_max_loaded_models(tmp_path, tiny_long_context):
+    server = LiveServer(tmp_path / "models", env={"PLUGD_MAX_QUEUE": "1", "PLUGD_MAX_LOADED_MODELS": "1"})
+    try:
+        client = create(server, "a", tiny_long_context)
+        create(server, "b", write_checkpoint(tmp_path / "other", "qwen3", seed=1))
+        for name in ["b", "a"]:
+            client.generate(model=name, prompt="Hi", options={"num_predict": 2, "num_ctx": 262144})
+            assert [m.model for m in client.ps().models] == [f"{name}:latest"]
+
+        body = {"model": "a", "prompt": "Go", "options": ENDLESS}
+        with httpx.stream("POST", server.url + "/api/generate", json=body, timeout=60) as busy:
+            lines = busy.iter_lines()
+            next(lines)  # the runner's only slot is now taken (dropping the iterator would close the stream)
+            with httpx.Client(timeout=60) as http, concurrent.futures.ThreadPoolExecutor() as pool:
+                small = {"model": "a", "prompt": "Hi", "stream": False, "options": {"num_predict": 1, "num_ctx": 262144}}
+                queued = pool.submit(http.post, server.url + "/api/generate", json=small)
+                time.sleep(1)  # the first waiting request fills the queue
+                refused = http.post(server.url + "/api/generate", json=small, timeout=10)
+                assert refused.status_code == 503
+                assert "1 requests are already waiting" in refused.json()["error"]
+                busy.close()
+                assert queued.result().status_code == 200
+    finally:
+        server.stop()

@@ -127,7 +127,7 @@ async def status(request: Request) -> dict[str, Any]:
     return {"status": "ready", "load_seconds": host.load_seconds, "memory": host.memory()}
 
 
-@post("/completion")
+@post("/completion", status_code=200)
 async def completion(request: Request) -> Stream:
     data = await request.json()
     prompt = data.pop("prompt", None)

@@ -37,6 +37,7 @@ class Loaded:
     expires_at: float = math.inf  # time.time() when it unloads; inf while in use or kept for ever
     last_used: float = field(factory=time.monotonic)
     expiry: asyncio.TimerHandle | None = None
+    slot: asyncio.Lock = field(factory=asyncio.Lock)  # a runner generates for one request at a time
 
 
 class Scheduler:
@@ -53,17 +54,27 @@ class Scheduler:
 
     @asynccontextmanager
     async def acquire(self, model: ResolvedModel, num_ctx: int, keep_alive: float) -> AsyncIterator[Loaded]:
-        """A loaded runner for `model`, held until the block ends; then keep_alive decides when it unloads."""
+        """A loaded runner for `model`, to this request alone until the block ends; then keep_alive decides.
+
+        Requests waiting for a load or for the runner's slot count against PLUGD_MAX_QUEUE.
+        """
         if self.waiting >= self.max_queue:
             raise QueueFull(self.max_queue)
         self.waiting += 1
+        entry = None
         try:
             entry = await self._ready(model, num_ctx)
+            await entry.slot.acquire()
+        except BaseException:
+            if entry is not None:
+                await self._release(entry, keep_alive)
+            raise
         finally:
             self.waiting -= 1
         try:
             yield entry
         finally:
+            entry.slot.release()
             await self._release(entry, keep_alive)
 
     async def _ready(self, model: ResolvedModel, num_ctx: int) -> Loaded:

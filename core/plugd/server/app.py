@@ -45,7 +45,7 @@ def _error_response(request: Request, exc: Exception) -> Response[Any]:
     else:
         status = next((code for cls, code in _STATUS.items() if isinstance(exc, cls)), 500)
         message = str(exc) or type(exc).__name__
-    if status >= 500:
+    if status == 500:
         log.error("%s %s failed: %s", request.method, request.url.path, message, exc_info=exc)
     return Response({"error": message}, status_code=status)
 

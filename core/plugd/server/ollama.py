@@ -147,7 +147,7 @@ async def upload_blob(request: Request, digest: str) -> Response[None]:
     return Response(None, status_code=201)
 
 
-@post("/api/create")
+@post("/api/create", status_code=200)
 async def create(request: Request) -> Any:
     body = await read_body(request, CreateRequest)
     store, registry = _store(request), request.app.state.services.registry

@@ -178,7 +178,7 @@ async def _lines(kind: str, model: str, first: Delta | Final, events: AsyncItera
         await events.aclose()
 
 
-@post("/api/generate")
+@post("/api/generate", status_code=200)
 async def generate(request: Request) -> Any:
     body = await read_body(request, GenerateBody)
     if body.suffix:
@@ -193,7 +193,7 @@ async def generate(request: Request) -> Any:
     return await _respond(request, "generate", chat, body.stream)
 
 
-@post("/api/chat")
+@post("/api/chat", status_code=200)
 async def chat(request: Request) -> Any:
     body = await read_body(request, ChatBody)
     tools = [Tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or []]
