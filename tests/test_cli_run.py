@@ -2,6 +2,7 @@
 
 import os
 import pty
+import select
 import subprocess
 import sys
 import time
@@ -40,13 +41,22 @@ def test_unknown_model_fails_before_prompting(server):
     assert result.stderr.strip() == "Error: model 'nope:latest' not found"
 
 
-def _read_until(fd: int, marker: bytes, timeout: float = 60) -> bytes:
-    seen = b""
-    deadline = time.monotonic() + timeout
-    while marker not in seen:
-        assert time.monotonic() < deadline, f"no {marker!r} in {seen!r}"
-        seen += os.read(fd, 4096)
-    return seen
+class Terminal:
+    """Reads a pty's output, waiting for markers; text after a marker stays for the next wait."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.pending = b""
+
+    def wait_for(self, marker: bytes, timeout: float = 60) -> bytes:
+        deadline = time.monotonic() + timeout
+        while marker not in self.pending:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"no {marker!r} in {self.pending!r}"
+            if select.select([self.fd], [], [], remaining)[0]:
+                self.pending += os.read(self.fd, 4096)
+        seen, _, self.pending = self.pending.partition(marker)
+        return seen + marker
 
 
 def test_interactive_session_with_multiline_input_and_bye(server):
@@ -54,17 +64,18 @@ def test_interactive_session_with_multiline_input_and_bye(server):
     process = subprocess.Popen([sys.executable, "-m", "plugd", "run", "tiny"], env=server.env,
                                stdin=secondary, stdout=secondary, stderr=secondary)
     os.close(secondary)
+    terminal = Terminal(primary)
     try:
-        _read_until(primary, b">>> ")
+        terminal.wait_for(b">>> ")
         os.write(primary, b'"""first line\n')
-        _read_until(primary, b"... ")
+        terminal.wait_for(b"... ")
         os.write(primary, b'second line"""\n')
         expected = ollama.Client(host=server.url).chat(
             model="tiny", messages=[{"role": "user", "content": "first line\nsecond line"}])
-        _read_until(primary, expected.message.content.encode() + b"\r\n")
-        _read_until(primary, b">>> ")
+        terminal.wait_for(expected.message.content.replace("\n", "\r\n").encode() + b"\r\n")  # the pty writes CRLF
+        terminal.wait_for(b">>> ")
         os.write(primary, b"/help\n")
-        assert b"/bye" in _read_until(primary, b">>> ")
+        assert b"/bye" in terminal.wait_for(b">>> ")
         os.write(primary, b"/bye\n")
         assert process.wait(timeout=30) == 0
     finally:

@@ -6,6 +6,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 from attrs import define, field
 
 from plugd.chat.models import ResolvedModel, resolve
@@ -111,6 +112,10 @@ def _parser(services: Services, model: ResolvedModel, request: ChatRequest) -> S
     return parser.create(request.tools, bool(request.think)) if parser else None
 
 
+def _has_output(pieces: list[ParsedPiece]) -> bool:
+    return any(p.text or p.tool_call for p in pieces)
+
+
 def _delta(pieces: list[ParsedPiece], logprobs: list[dict[str, Any]]) -> Delta:
     delta = Delta(logprobs=logprobs)
     for piece in pieces:
@@ -140,7 +145,8 @@ async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta |
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
     _check_supported(services, request)
-    model = resolve(services.store, services.registry, ModelName.parse(request.model))
+    name = ModelName.parse(request.model)
+    model = await anyio.to_thread.run_sync(resolve, services.store, services.registry, name)
     try:
         options = resolve_options(model.generation_config, model.parameters, request.options,
                                   model.config.get("context_length"))
@@ -165,7 +171,7 @@ async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta |
             text = event.get("text", "")
             if event["done"]:
                 pieces = (parser.feed(text) + parser.finish()) if parser else [ParsedPiece("content", text)]
-                if pieces and any(p.text or p.tool_call for p in pieces):
+                if _has_output(pieces):
                     yield _delta(pieces, [])
                 yield Final(
                     done_reason=event["done_reason"],
@@ -178,7 +184,8 @@ async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta |
                 )
                 return
             pieces = parser.feed(text) if parser else [ParsedPiece("content", text)]
-            yield _delta(pieces, logprobs)
+            if logprobs or _has_output(pieces):
+                yield _delta(pieces, logprobs)
 
 
 def _logprob(event: dict[str, Any]) -> dict[str, Any]:
