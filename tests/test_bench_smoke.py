@@ -4,7 +4,9 @@ Only that they finish and print their ratio lines is checked; the figures themse
 assertions have no place on shared, noisy machines).
 """
 
+import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,9 +26,17 @@ BENCH = Path(__file__).parents[1] / "bench"
     ],
 )
 def test_bench_quick(script, ratios):
-    result = subprocess.run([sys.executable, str(BENCH / script), "--quick"], capture_output=True, text=True, timeout=120)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
+    # A session of its own, so that a hung run is killed together with the servers and runners it started.
+    bench = subprocess.Popen([sys.executable, str(BENCH / script), "--quick"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = bench.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(bench.pid, signal.SIGKILL)
+        stdout, stderr = bench.communicate()
+        pytest.fail(f"{script} --quick did not finish in 120 s:\n{stdout}{stderr}")
+    output = stdout + stderr
+    assert bench.returncode == 0, output
     for ratio in ratios:
-        assert re.search(ratio + r" +\d+\.\d+", result.stdout), f"no line matching {ratio!r} in:\n{output}"
-    assert "WARNING" not in result.stdout, output
+        assert re.search(ratio + r" +\d+\.\d+", stdout), f"no line matching {ratio!r} in:\n{output}"
+    assert "WARNING" not in stdout, output
