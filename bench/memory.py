@@ -112,6 +112,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny MoE, 50 generated tokens")
     parser.add_argument("--tokens", type=int, help="tokens generated in (b) (default 2000, quick 50)")
+    parser.add_argument("--layers", type=int, help="decoder layers of the full model (default 8: ~630 MB; 24: ~1.9 GB)")
     parser.add_argument("--vocab", choices=["tiny", "qwen3"], default="tiny",
                         help="tokenizer: plugd.testing's small BPE (default) or the real 151k Qwen3 vocabulary")
     args = parser.parse_args()
@@ -119,7 +120,8 @@ def main() -> int:
     bl.on_sigterm_exit()
     with tempfile.TemporaryDirectory(prefix="plugd-bench-") as tmp, ExitStack() as stack:
         model_dir = Path(tmp) / "model"
-        info = bl.write_bench_checkpoint(model_dir, "qwen3_moe", QUICK if args.quick else FULL, args.vocab)
+        shape = QUICK if args.quick else FULL | ({"num_hidden_layers": args.layers} if args.layers else {})
+        info = bl.write_bench_checkpoint(model_dir, "qwen3_moe", shape, args.vocab)
         print(f"model: {bl.describe(info['config'], args.vocab)}: {info['params'] / 1e6:.1f}M parameters, "
               f"{bl.mib(info['weight_bytes'])} of weights")
         server = stack.enter_context(bl.plugd_server(Path(tmp) / "store", model_dir, "bench"))

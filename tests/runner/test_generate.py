@@ -104,3 +104,11 @@ def test_cancelling_mid_decode_stops_at_the_next_step(engine, complete, make_req
     assert after_done.prompt_eval_count == 10
     cold, _ = complete(Engine(qwen3_model, tokenizer), follow_up)
     assert tokens_of(after) == tokens_of(cold)
+
+
+def test_caches_are_sized_for_the_whole_context_at_once(engine, complete):
+    complete(engine, PROMPT[:10], num_predict=2, num_ctx=1000)
+    assert {layer.keys.shape[2] for layer in engine.cache.layers} == {1000}
+    storage = [layer.keys for layer in engine.cache.layers]
+    complete(engine, PROMPT[:10] + PROMPT[:20], num_predict=300, num_ctx=1000)
+    assert all(layer.keys is kept for layer, kept in zip(engine.cache.layers, storage)), "filling up reallocated"

@@ -16,6 +16,7 @@ class KVCache:
 
     def __init__(self, step: int = 256):
         self.step = step
+        self.reserved = 0
         self.offset = 0
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
@@ -31,8 +32,12 @@ class KVCache:
         self.offset = end
         return self.keys[..., :end, :], self.values[..., :end, :]
 
+    def reserve(self, positions: int) -> None:
+        """Allocate room for `positions` at the first growth, so a context that fills up never reallocates."""
+        self.reserved = positions
+
     def _grown(self, stored: mx.array | None, new: mx.array, needed: int) -> mx.array:
-        capacity = -(-needed // self.step) * self.step
+        capacity = max(-(-needed // self.step) * self.step, self.reserved)
         batch, heads, _, dims = new.shape
         room = mx.zeros((batch, heads, capacity - self.offset, dims), new.dtype)
         return room if stored is None else mx.concatenate([stored[..., : self.offset, :], room], axis=2)

@@ -95,6 +95,12 @@ class PromptCache:
         del self.tokens[keep:]
         return keep
 
+    def reserve(self, positions: int) -> None:
+        """Size the caches for a whole context up front: memory stays flat as it fills, and matches the fit check."""
+        for layer in self.layers:
+            if hasattr(layer, "reserve"):
+                layer.reserve(positions)
+
     def prefill(self, tokens: list[int]) -> None:
         """Run `tokens` through the model into the caches, evaluated now."""
         self._model(mx.array(tokens, mx.int32)[None], cache=self.layers)
@@ -167,6 +173,7 @@ class Engine:
 
     def _complete(self, prompt: list[int], request: CompletionRequest, cancelled: Callable[[], bool]):
         tally = _Tally(len(prompt))
+        self.cache.reserve(request.num_ctx)
         if not self._prefill(prompt, tally, cancelled):
             yield tally.done("cancel")
             return

@@ -8,6 +8,8 @@ since MLX streams are thread-local; completions queue behind each other there.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import importlib
 import json
 import logging
@@ -48,6 +50,7 @@ class ModelHost:
     @staticmethod
     def _load(model_dir: Path, module: str) -> Engine:
         model = load_model(model_dir, importlib.import_module(module))
+        _return_freed_heap()
         return Engine(model, Tokenizer.from_dir(model_dir))
 
     def memory(self) -> dict[str, int]:
@@ -103,6 +106,12 @@ class ModelHost:
             "logprob": event.logprob,
             "top_logprobs": [[token_text(t), lp] for t, lp in event.top_logprobs],
         }
+
+
+def _return_freed_heap() -> None:
+    """Give the memory the load freed back to the system (glibc keeps freed heap pages resident otherwise)."""
+    if sys.platform == "linux" and (libc := ctypes.util.find_library("c")):
+        ctypes.CDLL(libc).malloc_trim(0)
 
 
 def _line(data: dict[str, Any]) -> bytes:

@@ -30,6 +30,9 @@ def _runner_env() -> dict[str, str]:
     # symbols with optimised float32 GEMM.
     if sys.platform == "linux" and (openblas := ctypes.util.find_library("openblas")):
         env["LD_PRELOAD"] = " ".join(filter(None, [env.get("LD_PRELOAD"), openblas]))
+    # Loading frees many tensor-sized blocks (e.g. per-expert weights once stacked). Past glibc's dynamic
+    # threshold they come from the heap and stay resident; a fixed threshold hands them back at once.
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
     return env
 
 
