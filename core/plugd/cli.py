@@ -27,22 +27,23 @@ def human_size(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def human_age(iso: str) -> str:
-    seconds = (datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds()
+def _span(seconds: float) -> str | None:
+    """"3 hours", "1 minute"; None under a minute."""
     for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
         if seconds >= size:
             count = int(seconds // size)
-            return f"{count} {unit}{'s' if count > 1 else ''} ago"
-    return "Less than a minute ago"
+            return f"{count} {unit}{'s' if count > 1 else ''}"
+    return None
+
+
+def human_age(iso: str) -> str:
+    span = _span((datetime.now(UTC) - datetime.fromisoformat(iso)).total_seconds())
+    return f"{span} ago" if span else "Less than a minute ago"
 
 
 def human_until(iso: str) -> str:
-    seconds = (datetime.fromisoformat(iso) - datetime.now(UTC)).total_seconds()
-    for unit, size in (("hour", 3600), ("minute", 60)):
-        if seconds >= size:
-            count = int(seconds // size)
-            return f"{count} {unit}{'s' if count > 1 else ''} from now"
-    return "Less than a minute from now"
+    span = _span((datetime.fromisoformat(iso) - datetime.now(UTC)).total_seconds())
+    return f"{span} from now" if span else "Less than a minute from now"
 
 
 def table(rows: list[list[str]]) -> str:
