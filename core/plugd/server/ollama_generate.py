@@ -149,12 +149,15 @@ async def _respond(request: Request, kind: str, chat: ChatRequest, stream: bool)
         return Stream(_lines(kind, chat.model, first, events), media_type="application/x-ndjson")
     total = Delta()
     event = first
-    while not isinstance(event, Final):
-        total.content += event.content
-        total.thinking += event.thinking
-        total.tool_calls += event.tool_calls
-        total.logprobs += event.logprobs
-        event = await anext(events)
+    try:
+        while not isinstance(event, Final):
+            total.content += event.content
+            total.thinking += event.thinking
+            total.tool_calls += event.tool_calls
+            total.logprobs += event.logprobs
+            event = await anext(events)
+    finally:
+        await events.aclose()  # releases the runner (and applies keep_alive) before the response goes out
     out = _chunk(kind, chat.model, total)
     if not total.logprobs:
         out.pop("logprobs", None)
