@@ -268,3 +268,17 @@ def test_queue_limit_and_max_loaded_models(tmp_path, tiny_long_context):
                 assert queued.result().status_code == 200
     finally:
         server.stop()
+
+
+def test_without_plugins_models_are_stored_but_not_run(tmp_path, tiny_qwen3):
+    server = LiveServer(tmp_path / "models", env={"PLUGD_PLUGINS": ""})
+    try:
+        client = create(server, "tiny", tiny_qwen3)
+        assert [m.model for m in client.list().models] == ["tiny:latest"]
+        with pytest.raises(ollama.ResponseError) as err:
+            client.generate(model="tiny", prompt="Hi")
+        assert err.value.status_code == 400
+        assert "no installed architecture plugin runs model_type 'qwen3'" in str(err.value)
+        assert "no architecture plugin is installed" in server.log()
+    finally:
+        server.stop()
