@@ -282,3 +282,39 @@ def test_without_plugins_models_are_stored_but_not_run(tmp_path, tiny_qwen3):
         assert "no architecture plugin is installed" in server.log()
     finally:
         server.stop()
+
+
+def test_a_slow_load_does_not_hold_up_models_already_loaded(tmp_path, tiny_qwen3):
+    site = write_distribution(tmp_path / "site", "slow-arch", {
+        "slow_arch": """
+            import time
+            time.sleep(6)  # a model that takes long to load
+            from plugd_qwen.qwen3 import Model, ModelArgs  # noqa: F401
+        """,
+        "slow_plugin": """
+            from plugd.hookspecs import Architecture, hookimpl
+
+            @hookimpl
+            def plugd_architectures():
+                return [Architecture(model_type="slowqwen", module="slow_arch")]
+        """,
+    }, {"slow": "slow_plugin"})
+    server = LiveServer(tmp_path / "models", env={"PYTHONPATH": str(site)})
+    try:
+        client = create(server, "fast", tiny_qwen3)
+        slow_dir = write_checkpoint(tmp_path / "slow", "qwen3")
+        config = json.loads((slow_dir / "config.json").read_text())
+        (slow_dir / "config.json").write_text(json.dumps(config | {"model_type": "slowqwen"}))
+        create(server, "slow", slow_dir)
+        client.generate(model="fast", prompt="Hi", options={"num_predict": 2})
+        with concurrent.futures.ThreadPoolExecutor() as pool:
+            slow = pool.submit(client.generate, model="slow", prompt="Hi", options={"num_predict": 2})
+            time.sleep(1)
+            started = time.monotonic()
+            assert client.generate(model="fast", prompt="Hello", options={"num_predict": 2}).done
+            assert time.monotonic() - started < 4
+            assert not slow.done(), "the slow model should still be loading"
+            assert slow.result().done
+        assert {m.model for m in client.ps().models} == {"fast:latest", "slow:latest"}
+    finally:
+        server.stop()

@@ -47,7 +47,8 @@ class Scheduler:
         self.max_queue = int(os.environ.get("PLUGD_MAX_QUEUE") or 512)
         self.loaded: dict[str, Loaded] = {}  # by manifest digest
         self.waiting = 0
-        self.changed = asyncio.Condition()
+        self.changed = asyncio.Condition()  # guards `loaded` and each entry's counters
+        self.loading = asyncio.Lock()
 
     def in_use(self) -> int:
         return sum(entry.size for entry in self.loaded.values())
@@ -77,32 +78,43 @@ class Scheduler:
             entry.slot.release()
             await self._release(entry, keep_alive)
 
+    def _usable(self, digest: str, num_ctx: int) -> Loaded | None:
+        entry = self.loaded.get(digest)
+        return entry if entry and entry.runner.alive and entry.num_ctx == num_ctx else None
+
     async def _ready(self, model: ResolvedModel, num_ctx: int) -> Loaded:
+        """The model's loaded runner, held for the caller; loads it (making room first) when needed."""
         module = model.require_architecture().module
         needed = memory.weight_bytes(model.tensors) + memory.kv_cache_bytes(model.model_files.config, num_ctx)
         async with self.changed:
-            while True:
-                entry = self.loaded.get(model.digest)
-                if entry and entry.runner.alive and entry.num_ctx == num_ctx:
+            if entry := self._usable(model.digest, num_ctx):
+                self._hold(entry)
+                return entry
+        # One load at a time, so that each fit check sees the memory the previous load took. Requests for
+        # models already loaded do not wait for it.
+        async with self.loading:
+            async with self.changed:
+                while not (entry := self._usable(model.digest, num_ctx)):
+                    stale = self.loaded.get(model.digest)
+                    if stale and stale.active == 0:
+                        await self._unload(stale)  # dead, or loaded with another context length
+                    elif stale is None and await self._make_room(model, needed):
+                        break
+                    else:
+                        await self.changed.wait()
+                if entry:
                     self._hold(entry)
                     return entry
-                if entry and entry.active == 0:
-                    await self._unload(entry)  # dead, or loaded with another context length
-                    continue
-                if entry is None and await self._make_room(model, needed):
-                    break
-                await self.changed.wait()
             entry = Loaded(model=model, runner=RunnerProcess(model.files, module), num_ctx=num_ctx, size=needed)
-            self.loaded[model.digest] = entry
             try:
                 await entry.runner.start()
             except BaseException:
-                del self.loaded[model.digest]
                 await entry.runner.close()
-                self.changed.notify_all()
                 raise
+            async with self.changed:
+                self.loaded[model.digest] = entry
+                self._hold(entry)
             asyncio.get_running_loop().create_task(self._watch(entry))
-            self._hold(entry)
             return entry
 
     async def _make_room(self, model: ResolvedModel, needed: int) -> bool:
