@@ -127,6 +127,9 @@ def test_load_unload_ps_and_keep_alive(plugd_server, client):
 
     client.generate(model="tiny", prompt="", keep_alive=-1)
     assert client.ps().models[0].expires_at.year == 1
+    header, row = plugd_server.cli("ps").stdout.splitlines()
+    assert header.split() == ["NAME", "ID", "SIZE", "CONTEXT", "UNTIL"]
+    assert row.startswith("tiny:latest") and row.endswith("Forever") and " 4096 " in row
     assert plugd_server.cli("stop", "tiny").returncode == 0
     assert plugd_server.runner_pids() == []
 
