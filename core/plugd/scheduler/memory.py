@@ -8,11 +8,9 @@ import platform
 from typing import Any
 
 from plugd.plugins import Registry
+from plugd.store.metadata import BYTES_PER_ELEMENT, FLOAT_DTYPES
 
 log = logging.getLogger(__name__)
-_FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
-_STORED_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2,
-                 "I8": 1, "U8": 1, "BOOL": 1}
 
 
 def compute_float_bytes() -> int:
@@ -24,7 +22,7 @@ def weight_bytes(tensors: dict[str, dict[str, Any]]) -> int:
     """Weights as the runner holds them: floats cast to the compute dtype, packed quantized data as stored."""
     per_float = compute_float_bytes()
     return sum(
-        math.prod(t["shape"]) * (per_float if t["dtype"] in _FLOAT_DTYPES else _STORED_BYTES.get(t["dtype"], 1))
+        math.prod(t["shape"]) * (per_float if t["dtype"] in FLOAT_DTYPES else BYTES_PER_ELEMENT.get(t["dtype"], 1))
         for t in tensors.values()
     )
 

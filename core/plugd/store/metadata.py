@@ -14,8 +14,9 @@ from safetensors import SafetensorError, safe_open
 from plugd.store.blobs import write_atomically
 from plugd.store.store import Store
 
-_BYTES_PER_ELEMENT = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2,
-                      "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
+BYTES_PER_ELEMENT = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2,
+                     "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
 class MalformedWeights(ValueError):
@@ -69,7 +70,7 @@ def file_type(tensors: dict[str, dict[str, Any]], config: dict[str, Any]) -> str
     weight_bytes: dict[str, int] = {}
     for info in tensors.values():
         dtype = info["dtype"]
-        weight_bytes[dtype] = weight_bytes.get(dtype, 0) + math.prod(info["shape"]) * _BYTES_PER_ELEMENT.get(dtype, 1)
+        weight_bytes[dtype] = weight_bytes.get(dtype, 0) + math.prod(info["shape"]) * BYTES_PER_ELEMENT.get(dtype, 1)
     return max(weight_bytes, key=weight_bytes.get) if weight_bytes else "unknown"
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from plugd.store.manifests import Layer
@@ -21,12 +20,9 @@ def read_json(store: Store, files: dict[str, Layer], name: str, required: bool =
             raise MalformedModelFile(f"the model has no {name}")
         return {}
     try:
-        data = json.loads(store.blobs.path(layer.digest).read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MalformedModelFile(f"{name} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise MalformedModelFile(f"{name} is not a JSON object")
-    return data
+        return store.json_blob(layer.digest, name)
+    except ValueError as exc:
+        raise MalformedModelFile(str(exc)) from None
 
 
 def chat_template(store: Store, files: dict[str, Layer]) -> str | None:

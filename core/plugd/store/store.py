@@ -67,19 +67,24 @@ class Store:
             raise CorruptModel(f"manifest of '{name}' ({path}) is malformed: {exc}") from None
         return StoredModel(name, manifest, datetime.fromtimestamp(mtime, UTC))
 
-    def read_json_blob(self, digest: str, what: str) -> dict[str, Any]:
+    def json_blob(self, digest: str, what: str) -> dict[str, Any]:
+        """The JSON object in a blob; ValueError naming `what` when it is missing or not a JSON object."""
         try:
             data = json.loads(self.blobs.path(digest).read_bytes())
         except FileNotFoundError:
-            raise CorruptModel(f"{what} blob {digest} is missing") from None
+            raise ValueError(f"{what} is missing") from None
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CorruptModel(f"{what} blob {digest} is not valid JSON: {exc}") from None
+            raise ValueError(f"{what} is not valid JSON: {exc}") from None
         if not isinstance(data, dict):
-            raise CorruptModel(f"{what} blob {digest} is not a JSON object")
+            raise ValueError(f"{what} is not a JSON object")
         return data
 
     def config(self, model: StoredModel) -> dict[str, Any]:
-        return self.read_json_blob(model.manifest.config.digest, f"config of '{model.name}'")
+        digest = model.manifest.config.digest
+        try:
+            return self.json_blob(digest, f"config blob {digest} of '{model.name}'")
+        except ValueError as exc:
+            raise CorruptModel(str(exc)) from None
 
     def text_blob(self, digest: str) -> str:
         return self.blobs.path(digest).read_text()
