@@ -38,7 +38,7 @@ class PluginInfo:
     provides: dict[str, list[str]] = field(factory=dict)
 
 
-@define
+@define(eq=False)
 class Registry:
     """Every descriptor the loaded plugins returned, by hook, in priority order (third-party before built-in)."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from plugd.store import manifests as mt
 from plugd.store.metadata import tensor_metadata
 from plugd.store.model_files import chat_template, read_json
 from plugd.store.names import ModelName
-from plugd.store.store import Store
+from plugd.store.store import Store, StoredModel
 from plugd.types import Message
 
 
@@ -47,7 +48,13 @@ class ResolvedModel:
 
 
 def resolve(store: Store, registry: Registry, name: ModelName) -> ResolvedModel:
-    model = store.get(name)
+    """The model `name` points at now; only its manifest is read when it was resolved before."""
+    return _resolve(store, registry, store.get(name))
+
+
+@lru_cache(maxsize=64)
+def _resolve(store: Store, registry: Registry, model: StoredModel) -> ResolvedModel:
+    name = model.name
     files = model.manifest.files()
     hf_config = read_json(store, files, "config.json", required=True)
     texts = {layer.media_type: store.text_blob(layer.digest) for layer in model.manifest.layers
