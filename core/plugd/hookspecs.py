@@ -102,10 +102,15 @@ class StreamParser(Protocol):
 
 @define(frozen=True)
 class Parser:
-    """Makes a streaming parser for one response, given the tools offered and whether it opens in thinking."""
+    """Makes a streaming parser for one response.
+
+    `create(tools, prompt)` is given the tools offered and the rendered prompt
+    text, so that a parser can tell whether the prompt already opened a
+    thinking block and the output starts inside it.
+    """
 
     name: str
-    create: Callable[[Sequence[Tool], bool], StreamParser]
+    create: Callable[[Sequence[Tool], str], StreamParser]
     detect: Callable[[ModelFiles], bool] | None = None
 
 
@@ -121,11 +126,16 @@ class ClientRequest:
 
 @define(frozen=True)
 class ClientRenderer:
-    """A renderer for one client's habits; used only when enabled by configuration and `claims` is true."""
+    """A renderer for one client's habits; used only when enabled by configuration and `claims` is true.
+
+    `render(request, model_render)` is also given the model's own render
+    function, so that it can adjust the conversation and let the model's
+    family renderer do the rest.
+    """
 
     name: str
     claims: Callable[[ClientRequest], bool]
-    render: Callable[[RenderRequest], Prompt]
+    render: Callable[[RenderRequest, Callable[[RenderRequest], Prompt]], Prompt]
 
 
 @define(frozen=True)

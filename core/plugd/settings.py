@@ -29,3 +29,8 @@ def daemon_url() -> str:
     if ":" in host:
         host = f"[{host}]"
     return f"http://{host}:{port}"
+
+
+def client_renderer_names() -> list[str]:
+    """The client renderer plugins the user enabled, from PLUGD_CLIENT_RENDERERS (comma-separated names)."""
+    return [name.strip() for name in os.environ.get("PLUGD_CLIENT_RENDERERS", "").split(",") if name.strip()]

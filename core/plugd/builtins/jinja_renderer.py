@@ -10,7 +10,7 @@ from typing import Any
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from plugd.hookspecs import ModelFiles, Renderer, RenderRequest, hookimpl
+from plugd.hookspecs import Renderer, RenderRequest, hookimpl
 from plugd.types import Message, Prompt, Tool
 
 
@@ -90,10 +90,7 @@ def render(request: RenderRequest) -> Prompt:
     return Prompt(text=text, media=images)
 
 
-def _has_template(model: ModelFiles) -> bool:
-    return bool(model.chat_template)
-
-
 @hookimpl
 def plugd_renderers():
-    return [Renderer(name="jinja", render=render, detect=_has_template)]
+    # No `detect`: this is the fallback for a model no family renderer recognises, never a detected choice.
+    return [Renderer(name="jinja", render=render)]

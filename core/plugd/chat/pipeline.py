@@ -2,27 +2,42 @@
 
 from __future__ import annotations
 
+import secrets
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Literal
 
 import anyio
+import attrs
 from attrs import define, field
 
 from plugd.chat.models import ResolvedModel, resolve
 from plugd.chat.options import completion_body, resolve_options
-from plugd.hookspecs import ParsedPiece, Renderer, RenderRequest, StreamParser
+from plugd.hookspecs import ClientRenderer, ClientRequest, ParsedPiece, RenderRequest, StreamParser
 from plugd.plugins import Registry
 from plugd.scheduler.durations import parse_keep_alive
 from plugd.scheduler.runner_client import RunnerProcess
 from plugd.scheduler.scheduler import Scheduler
+from plugd.settings import client_renderer_names
 from plugd.store.names import ModelName
 from plugd.store.store import Store
-from plugd.types import Message, Think, Tool, ToolCall
+from plugd.types import Message, Prompt, Think, Tool, ToolCall
 
 
 class InvalidRequest(ValueError):
     """The request cannot be served as asked (a 400 in every dialect)."""
+
+
+class UnparseableOutput(RuntimeError):
+    """The model's output does not follow its family's format; the generation was stopped."""
+
+
+@define(frozen=True)
+class ToolChoice:
+    """Whether the model may, must or must not call a tool; `name` is the tool it must call in mode "named"."""
+
+    mode: Literal["auto", "none", "required", "named"] = "auto"
+    name: str | None = None
 
 
 @define
@@ -32,14 +47,17 @@ class ChatRequest:
     model: str
     messages: list[Message] = field(factory=list)
     tools: list[Tool] = field(factory=list)
+    tool_choice: ToolChoice = ToolChoice()
     think: Think = None
     options: dict[str, Any] = field(factory=dict)
     keep_alive: str | int | float | None = None
-    format: Any = None
+    format: Any = None  # "json" or a JSON Schema
     logprobs: bool = False
     top_logprobs: int = 0
     raw_prompt: str | None = None
     system: str | None = None  # replaces the model's SYSTEM
+    dialect: Literal["ollama", "openai", "anthropic"] = "ollama"
+    headers: dict[str, str] = field(factory=dict)
 
 
 @define
@@ -55,12 +73,17 @@ class Delta:
 @define
 class Final:
     done_reason: str
-    prompt_eval_count: int = 0
+    prompt_tokens: int = 0  # the whole prompt, after truncation
+    prompt_eval_count: int = 0  # prompt tokens evaluated: the reused prefix not included
     prompt_eval_duration: int = 0
     eval_count: int = 0
     eval_duration: int = 0
     load_duration: int = 0
     total_duration: int = 0
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.prompt_tokens - self.prompt_eval_count
 
 
 @define
@@ -71,45 +94,70 @@ class Services:
 
 
 def _conversation(model: ResolvedModel, request: ChatRequest) -> list[Message]:
-    """The model's SYSTEM and MESSAGE preamble, then the request's messages."""
-    messages = list(request.messages)
-    has_system = bool(messages) and messages[0].role in ("system", "developer")
+    """The model's SYSTEM and MESSAGE preamble, then the request's messages, leading system turns folded into one.
+
+    Agents send several system and developer messages before the first user
+    turn; families have one system turn (and often no developer role), so the
+    leading run is joined. System messages later on stay where they are.
+    """
+    messages = list(model.messages) + list(request.messages)
+    leading = next((i for i, m in enumerate(messages) if m.role not in ("system", "developer")), len(messages))
     system = request.system if request.system is not None else model.system
-    preamble = [Message("system", system)] if system and not has_system else []
-    return preamble + model.messages + messages
+    texts = [m.content for m in messages[:leading] if m.content]
+    if not texts and system:
+        texts = [system]
+    head = [Message("system", "\n\n".join(texts))] if texts else []
+    return head + messages[leading:]
 
 
-def _renderer(services: Services, model: ResolvedModel) -> Renderer:
+RenderFunction = Callable[[RenderRequest], Prompt]
+
+
+def _renderer(services: Services, model: ResolvedModel, request: ChatRequest) -> RenderFunction:
+    """The model's renderer, or the first enabled client renderer that claims this request."""
     name = model.config.get("renderer") or "jinja"
     renderer = services.registry.renderers().get(name)
     if renderer is None:
         raise InvalidRequest(f"model '{model.name}' uses renderer {name!r}, which no installed plugin provides")
-    return renderer
+    client = ClientRequest(request.dialect, request.headers, model.model_files, request.messages)
+    for client_renderer in enabled_client_renderers(services.registry):
+        if client_renderer.claims(client):
+            return lambda render_request: client_renderer.render(render_request, renderer.render)  # noqa: B023
+    return renderer.render
 
 
-def _render(renderer: Renderer, model: ResolvedModel, request: ChatRequest, messages: list[Message]) -> str:
+def _tools(request: ChatRequest) -> list[Tool]:
+    return [] if request.tool_choice.mode == "none" else request.tools
+
+
+def _render(render: RenderFunction, model: ResolvedModel, request: ChatRequest, messages: list[Message]) -> Prompt:
     try:
-        return renderer.render(RenderRequest(model.model_files, messages, request.tools, request.think)).text
+        prompt = render(RenderRequest(model.model_files, messages, _tools(request), request.think))
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
+    if prompt.media:
+        raise InvalidRequest(f"model '{model.name}' does not support images")
+    return prompt
 
 
-async def _fitted_prompt(renderer: Renderer, model: ResolvedModel, request: ChatRequest, runner: RunnerProcess,
+async def _fitted_prompt(render: RenderFunction, model: ResolvedModel, request: ChatRequest, runner: RunnerProcess,
                          num_ctx: int) -> str:
     """The rendered conversation, dropping its oldest turns (never system ones, never the last) until it fits num_ctx."""
     messages = _conversation(model, request)
     while True:
-        prompt = _render(renderer, model, request, messages)
+        prompt = _render(render, model, request, messages).text
         droppable = [i for i, m in enumerate(messages[:-1]) if m.role not in ("system", "developer")]
         if not droppable or len((await runner.post("/tokenize", {"text": prompt}))["tokens"]) <= num_ctx:
             return prompt
         del messages[droppable[0]]
 
 
-def _parser(services: Services, model: ResolvedModel, request: ChatRequest) -> StreamParser | None:
+def _parser(services: Services, model: ResolvedModel, request: ChatRequest, prompt: str) -> StreamParser | None:
     name = model.config.get("parser")
     parser = services.registry.parsers().get(name) if name and request.raw_prompt is None else None
-    return parser.create(request.tools, bool(request.think)) if parser else None
+    if name and parser is None and request.raw_prompt is None:
+        raise InvalidRequest(f"model '{model.name}' uses parser {name!r}, which no installed plugin provides")
+    return parser.create(_tools(request), prompt) if parser else None
 
 
 def _has_output(pieces: list[ParsedPiece]) -> bool:
@@ -120,7 +168,7 @@ def _delta(pieces: list[ParsedPiece], logprobs: list[dict[str, Any]]) -> Delta:
     delta = Delta(logprobs=logprobs)
     for piece in pieces:
         if piece.kind == "tool_call":
-            delta.tool_calls.append(piece.tool_call)
+            delta.tool_calls.append(attrs.evolve(piece.tool_call, id=f"call_{secrets.token_hex(12)}"))
         elif piece.kind == "thinking":
             delta.thinking += piece.text
         else:
@@ -128,33 +176,70 @@ def _delta(pieces: list[ParsedPiece], logprobs: list[dict[str, Any]]) -> Delta:
     return delta
 
 
-def _check_supported(services: Services, request: ChatRequest) -> None:
+class _ContentOnly:
+    """The parser of a model without one (or of a raw prompt): everything is content."""
+
+    def feed(self, text: str) -> list[ParsedPiece]:
+        return [ParsedPiece("content", text)]
+
+    def finish(self) -> list[ParsedPiece]:
+        return []
+
+
+def _parsed(parse: Callable[[], list[ParsedPiece]]) -> list[ParsedPiece]:
+    try:
+        return parse()
+    except ValueError as exc:
+        raise UnparseableOutput(f"the model's output could not be parsed: {exc}") from None
+
+
+def _grammar(services: Services, request: ChatRequest) -> dict[str, Any] | None:
+    """The runner's grammar for a structured request, or a clear refusal; None for free text."""
+    wants = []
     if request.format not in (None, ""):
-        engines = services.registry.items.get("plugd_grammar_engines", [])
-        raise InvalidRequest(
-            "structured output (format) is not enforced by any installed plugin; install plugd-xgrammar"
-            if not engines else "structured output (format) is not supported yet"
-        )
+        wants.append("structured output (format)")
+    if request.tool_choice.mode in ("required", "named"):
+        wants.append(f"tool_choice {request.tool_choice.mode!r}")
+        if not request.tools:
+            raise InvalidRequest(f"tool_choice {request.tool_choice.mode!r} needs tools")
+        if request.tool_choice.name and request.tool_choice.name not in {t.name for t in request.tools}:
+            raise InvalidRequest(f"tool_choice names {request.tool_choice.name!r}, which is not among the tools")
+    if not wants:
+        return None
+    if not services.registry.items.get("plugd_grammar_engines"):
+        raise InvalidRequest(f"{' and '.join(wants)} is not enforced by any installed plugin; install plugd-xgrammar")
+    raise InvalidRequest(f"{' and '.join(wants)} is not supported yet")
+
+
+async def _prepared(services: Services, request: ChatRequest) -> tuple[ResolvedModel, Any]:
+    try:
+        keep_alive = parse_keep_alive(request.keep_alive)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+    _grammar(services, request)
+    model = await anyio.to_thread.run_sync(resolve, services.store, services.registry, ModelName.parse(request.model))
+    return model, keep_alive
+
+
+async def render_only(services: Services, request: ChatRequest) -> Prompt:
+    """The prompt `request` would be given, without loading the model (and without fitting it to num_ctx)."""
+    model, _ = await _prepared(services, request)
+    if request.raw_prompt is not None:
+        return Prompt(request.raw_prompt)
+    return _render(_renderer(services, model, request), model, request, _conversation(model, request))
 
 
 async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta | Final]:
     """Stream the response to `request`; a request with nothing to generate only loads (or unloads) the model."""
     started = time.perf_counter_ns()
-    try:
-        keep_alive = parse_keep_alive(request.keep_alive)
-    except ValueError as exc:
-        raise InvalidRequest(str(exc)) from None
-    _check_supported(services, request)
-    name = ModelName.parse(request.model)
-    model = await anyio.to_thread.run_sync(resolve, services.store, services.registry, name)
+    model, keep_alive = await _prepared(services, request)
     try:
         options = resolve_options(model.generation_config, model.parameters, request.options,
                                   model.config.get("context_length"))
     except ValueError as exc:
         raise InvalidRequest(f"invalid options: {exc}") from None
     load_only = not request.messages and not request.raw_prompt
-    renderer = None if load_only or request.raw_prompt is not None else _renderer(services, model)
-    parser = None if load_only else _parser(services, model, request)
+    render = None if load_only or request.raw_prompt is not None else _renderer(services, model, request)
 
     async with services.scheduler.acquire(model, options.num_ctx, keep_alive) as loaded:
         load_duration = time.perf_counter_ns() - started
@@ -163,18 +248,20 @@ async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta |
                         total_duration=time.perf_counter_ns() - started)
             return
         prompt = request.raw_prompt
-        if renderer is not None:
-            prompt = await _fitted_prompt(renderer, model, request, loaded.runner, options.num_ctx)
+        if render is not None:
+            prompt = await _fitted_prompt(render, model, request, loaded.runner, options.num_ctx)
+        parser = _parser(services, model, request, prompt) or _ContentOnly()
         body = completion_body(options, request.logprobs, request.top_logprobs) | {"prompt": prompt}
         async for event in loaded.runner.completion(body):
             logprobs = [_logprob(event)] if request.logprobs and "token" in event else []
             text = event.get("text", "")
             if event["done"]:
-                pieces = (parser.feed(text) + parser.finish()) if parser else [ParsedPiece("content", text)]
+                pieces = _parsed(lambda: parser.feed(text) + parser.finish())  # noqa: B023
                 if _has_output(pieces):
                     yield _delta(pieces, [])
                 yield Final(
                     done_reason=event["done_reason"],
+                    prompt_tokens=event["prompt_tokens"],
                     prompt_eval_count=event["prompt_eval_count"],
                     prompt_eval_duration=event["prompt_eval_duration_ns"],
                     eval_count=event["eval_count"],
@@ -183,7 +270,7 @@ async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta |
                     total_duration=time.perf_counter_ns() - started,
                 )
                 return
-            pieces = parser.feed(text) if parser else [ParsedPiece("content", text)]
+            pieces = _parsed(lambda: parser.feed(text))  # noqa: B023
             if logprobs or _has_output(pieces):
                 yield _delta(pieces, logprobs)
 
@@ -194,3 +281,9 @@ def _logprob(event: dict[str, Any]) -> dict[str, Any]:
         "logprob": event["logprob"],
         "top_logprobs": [{"token": t, "logprob": lp} for t, lp in event.get("top_logprobs", [])],
     }
+
+
+def enabled_client_renderers(registry: Registry) -> list[ClientRenderer]:
+    """The client renderers named in PLUGD_CLIENT_RENDERERS, in that order (unknown names are skipped)."""
+    available = {r.name: r for r in registry.items.get("plugd_client_renderers", [])}
+    return [available[name] for name in client_renderer_names() if name in available]

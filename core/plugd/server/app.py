@@ -1,4 +1,4 @@
-"""The Litestar application: routes from each dialect module, shared state, and Ollama-shaped errors."""
+"""The Litestar application: routes from each dialect module, shared state, and errors in each dialect's shape."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
 from plugd.chat.models import UnsupportedModel
-from plugd.chat.pipeline import InvalidRequest, Services
+from plugd.chat.pipeline import InvalidRequest, Services, UnparseableOutput
 from plugd.plugins import Registry
 from plugd.scheduler.scheduler import QueueFull, Scheduler
-from plugd.server import ollama, ollama_generate
+from plugd.server import anthropic, ollama, ollama_generate, openai, openai_responses
 from plugd.server.bodies import BadRequest
+from plugd.server.errors import error_body
 from plugd.store.blobs import DigestMismatch, InvalidDigest
 from plugd.store.create import CreateError
 from plugd.store.model_files import MalformedModelFile
@@ -32,6 +33,7 @@ _STATUS = {
     CreateError: 400,
     ModelNotFound: 404,
     InvalidRequest: 400,
+    UnparseableOutput: 500,
     UnsupportedModel: 400,
     QueueFull: 503,
     CorruptModel: 500,
@@ -47,7 +49,7 @@ def _error_response(request: Request, exc: Exception) -> Response[Any]:
         message = str(exc) or type(exc).__name__
     if status == 500:
         log.error("%s %s failed: %s", request.method, request.url.path, message, exc_info=exc)
-    return Response({"error": message}, status_code=status)
+    return Response(error_body(request.url.path, status, message), status_code=status)
 
 
 def create_app(store: Store, registry: Registry) -> Litestar:
@@ -55,7 +57,7 @@ def create_app(store: Store, registry: Registry) -> Litestar:
     if not registry.architectures():
         log.warning("no architecture plugin is installed: models can be stored but not run")
     return Litestar(
-        route_handlers=ollama.ROUTES + ollama_generate.ROUTES,
+        route_handlers=ollama.ROUTES + ollama_generate.ROUTES + openai.ROUTES + openai_responses.ROUTES + anthropic.ROUTES,
         state=State({"services": services}),
         exception_handlers={Exception: _error_response},
         on_shutdown=[services.scheduler.shutdown],

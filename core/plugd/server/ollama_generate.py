@@ -13,7 +13,7 @@ from litestar import Request, Response, post
 from litestar.response import Stream
 
 from plugd.chat import pipeline
-from plugd.chat.pipeline import ChatRequest, Delta, Final
+from plugd.chat.pipeline import ChatRequest, Delta, Final, UnparseableOutput
 from plugd.scheduler.runner_client import RunnerError
 from plugd.server.bodies import BadRequest, read_body
 from plugd.types import Message, Think, Tool, ToolCall
@@ -67,6 +67,7 @@ class _GenerationBody:
     options: dict[str, Any] | None = None
     logprobs: bool = False
     top_logprobs: int = 0
+    _debug_render_only: bool = field(default=False, alias="_debug_render_only")
 
 
 @define(kw_only=True)
@@ -141,8 +142,13 @@ def _chunk(kind: str, model: str, delta: Delta) -> dict[str, Any]:
     return out
 
 
-async def _respond(request: Request, kind: str, chat: ChatRequest, stream: bool) -> Any:
+async def _respond(request: Request, kind: str, chat: ChatRequest, body: _GenerationBody) -> Any:
     services = request.app.state.services
+    if body._debug_render_only:
+        prompt = await pipeline.render_only(services, chat)
+        out = _chunk(kind, chat.model, Delta()) | {"done": True}
+        return Response(out | {"_debug_info": {"rendered_template": prompt.text, "image_count": len(prompt.media)}})
+    stream = body.stream
     events = pipeline.run(services, chat)
     first = await anext(events)  # errors before any output become an HTTP error status
     if stream:
@@ -174,7 +180,7 @@ async def _lines(kind: str, model: str, first: Delta | Final, events: AsyncItera
                 return
             yield json.dumps(_chunk(kind, model, event)).encode() + b"\n"
             event = await anext(events, None)
-    except (RunnerError, ValueError) as exc:
+    except (RunnerError, UnparseableOutput, ValueError) as exc:
         log.error("%s on %s failed mid-stream: %s", kind, model, exc)
         yield json.dumps({"error": str(exc)}).encode() + b"\n"
     finally:
@@ -193,7 +199,7 @@ async def generate(request: Request) -> Any:
                        raw_prompt=body.prompt if body.raw and body.prompt else None)
     if body.template:
         raise BadRequest("a per-request template is not supported; set TEMPLATE in a Modelfile")
-    return await _respond(request, "generate", chat, body.stream)
+    return await _respond(request, "generate", chat, body)
 
 
 @post("/api/chat", status_code=200)
@@ -201,7 +207,7 @@ async def chat(request: Request) -> Any:
     body = await read_body(request, ChatBody)
     tools = [Tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or []]
     messages = [_message(m) for m in body.messages]
-    return await _respond(request, "chat", ChatRequest(**_common(body), messages=messages, tools=tools), body.stream)
+    return await _respond(request, "chat", ChatRequest(**_common(body), messages=messages, tools=tools), body)
 
 
 ROUTES = [generate, chat]
