@@ -90,7 +90,10 @@ def render(request: RenderRequest) -> Prompt:
     return Prompt(text=text, media=images)
 
 
+FALLBACK_RENDERER = "jinja"
+
+
 @hookimpl
 def plugd_renderers():
     # No `detect`: this is the fallback for a model no family renderer recognises, never a detected choice.
-    return [Renderer(name="jinja", render=render)]
+    return [Renderer(name=FALLBACK_RENDERER, render=render)]

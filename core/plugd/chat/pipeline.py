@@ -11,6 +11,7 @@ import anyio
 import attrs
 from attrs import define, field
 
+from plugd.builtins.jinja_renderer import FALLBACK_RENDERER
 from plugd.chat.models import ResolvedModel, resolve
 from plugd.chat.options import completion_body, resolve_options
 from plugd.hookspecs import ClientRenderer, ClientRequest, ParsedPiece, RenderRequest, StreamParser
@@ -110,12 +111,40 @@ def _conversation(model: ResolvedModel, request: ChatRequest) -> list[Message]:
     return head + messages[leading:]
 
 
+def check_conversation(messages: list[Message], tools: list[Tool]) -> None:
+    """Refuse what no renderer could render faithfully: malformed tools, and tool results that answer no call."""
+    names = [t.name for t in tools]
+    for tool in tools:
+        if not tool.name or any(c.isspace() for c in tool.name):
+            raise InvalidRequest(f"invalid tool name {tool.name!r}")
+        schema = tool.parameters
+        if not isinstance(schema, dict) or schema.get("type", "object") != "object" or \
+                not isinstance(schema.get("properties", {}), dict):
+            raise InvalidRequest(f"the parameters of tool {tool.name!r} must be a JSON Schema of type object")
+    if len(set(names)) != len(names):
+        raise InvalidRequest("tool names must be unique")
+    calls: list[ToolCall] = []
+    for message in messages:
+        calls += message.tool_calls
+        if message.role != "tool":
+            continue
+        if message.tool_call_id is not None:
+            answered = any(c.id == message.tool_call_id for c in calls)
+        elif message.tool_name is not None:
+            answered = any(c.name == message.tool_name for c in calls)
+        else:
+            answered = bool(calls)
+        if not answered:
+            which = message.tool_call_id or message.tool_name or "a tool result"
+            raise InvalidRequest(f"tool result {which!r} answers no earlier tool call")
+
+
 RenderFunction = Callable[[RenderRequest], Prompt]
 
 
 def _renderer(services: Services, model: ResolvedModel, request: ChatRequest) -> RenderFunction:
     """The model's renderer, or the first enabled client renderer that claims this request."""
-    name = model.config.get("renderer") or "jinja"
+    name = model.config.get("renderer") or FALLBACK_RENDERER
     renderer = services.registry.renderers().get(name)
     if renderer is None:
         raise InvalidRequest(f"model '{model.name}' uses renderer {name!r}, which no installed plugin provides")
@@ -194,36 +223,49 @@ def _parsed(parse: Callable[[], list[ParsedPiece]]) -> list[ParsedPiece]:
 
 
 def _grammar(services: Services, request: ChatRequest) -> dict[str, Any] | None:
-    """The runner's grammar for a structured request, or a clear refusal; None for free text."""
-    wants = []
-    if request.format not in (None, ""):
-        wants.append("structured output (format)")
-    if request.tool_choice.mode in ("required", "named"):
-        wants.append(f"tool_choice {request.tool_choice.mode!r}")
+    """The runner's grammar for a structured request, or a clear refusal; None for free text.
+
+    A structured request is enforced token by token by a grammar engine
+    plugin, or refused: never served as free text.
+    """
+    forced_call = request.tool_choice.mode in ("required", "named")
+    if forced_call:
         if not request.tools:
             raise InvalidRequest(f"tool_choice {request.tool_choice.mode!r} needs tools")
         if request.tool_choice.name and request.tool_choice.name not in {t.name for t in request.tools}:
             raise InvalidRequest(f"tool_choice names {request.tool_choice.name!r}, which is not among the tools")
-    if not wants:
+    structured = request.format not in (None, "")
+    if not structured and not forced_call:
         return None
-    if not services.registry.items.get("plugd_grammar_engines"):
-        raise InvalidRequest(f"{' and '.join(wants)} is not enforced by any installed plugin; install plugd-xgrammar")
-    raise InvalidRequest(f"{' and '.join(wants)} is not supported yet")
+    wants = "structured output (format)" if structured else f"tool_choice {request.tool_choice.mode!r}"
+    engines = services.registry.items.get("plugd_grammar_engines", [])
+    if not engines:
+        raise InvalidRequest(f"{wants} is not enforced by any installed plugin; install plugd-xgrammar")
+    if forced_call:
+        raise InvalidRequest(f"{wants} is not supported yet by the installed grammar engine")
+    kind = "json" if request.format == "json" else "json_schema" if isinstance(request.format, dict) else None
+    if kind is None:
+        raise InvalidRequest(f'format must be "json" or a JSON Schema object, not {request.format!r}')
+    engine = next((e for e in engines if kind in e.formats), None)
+    if engine is None:
+        raise InvalidRequest(f"no installed grammar engine enforces {kind} formats")
+    return {"engine": engine.name, "factory": engine.factory, "kind": kind, "format": request.format}
 
 
-async def _prepared(services: Services, request: ChatRequest) -> tuple[ResolvedModel, Any]:
+async def _prepared(services: Services, request: ChatRequest) -> tuple[ResolvedModel, Any, dict[str, Any] | None]:
     try:
         keep_alive = parse_keep_alive(request.keep_alive)
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
-    _grammar(services, request)
+    grammar = _grammar(services, request)
+    check_conversation(request.messages, request.tools)
     model = await anyio.to_thread.run_sync(resolve, services.store, services.registry, ModelName.parse(request.model))
-    return model, keep_alive
+    return model, keep_alive, grammar
 
 
 async def render_only(services: Services, request: ChatRequest) -> Prompt:
     """The prompt `request` would be given, without loading the model (and without fitting it to num_ctx)."""
-    model, _ = await _prepared(services, request)
+    model, _, _ = await _prepared(services, request)
     if request.raw_prompt is not None:
         return Prompt(request.raw_prompt)
     return _render(_renderer(services, model, request), model, request, _conversation(model, request))
@@ -232,7 +274,7 @@ async def render_only(services: Services, request: ChatRequest) -> Prompt:
 async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta | Final]:
     """Stream the response to `request`; a request with nothing to generate only loads (or unloads) the model."""
     started = time.perf_counter_ns()
-    model, keep_alive = await _prepared(services, request)
+    model, keep_alive, grammar = await _prepared(services, request)
     try:
         options = resolve_options(model.generation_config, model.parameters, request.options,
                                   model.config.get("context_length"))
@@ -252,6 +294,8 @@ async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta |
             prompt = await _fitted_prompt(render, model, request, loaded.runner, options.num_ctx)
         parser = _parser(services, model, request, prompt) or _ContentOnly()
         body = completion_body(options, request.logprobs, request.top_logprobs) | {"prompt": prompt}
+        if grammar is not None:
+            body["grammar"] = grammar
         async for event in loaded.runner.completion(body):
             logprobs = [_logprob(event)] if request.logprobs and "token" in event else []
             text = event.get("text", "")

@@ -24,6 +24,9 @@ from plugd.store.store import CorruptModel, ModelNotFound, Store
 
 log = logging.getLogger(__name__)
 
+# Room for a conversation with several large base64 images; blob uploads (any size) stream past this limit.
+MAX_REQUEST_BYTES = 64 << 20
+
 
 _STATUS = {
     BadRequest: 400,
@@ -60,6 +63,7 @@ def create_app(store: Store, registry: Registry) -> Litestar:
         route_handlers=ollama.ROUTES + ollama_generate.ROUTES + openai.ROUTES + openai_responses.ROUTES + anthropic.ROUTES,
         state=State({"services": services}),
         exception_handlers={Exception: _error_response},
+        request_max_body_size=MAX_REQUEST_BYTES,
         on_shutdown=[services.scheduler.shutdown],
         logging_config=None,
     )

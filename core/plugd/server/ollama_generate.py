@@ -14,9 +14,10 @@ from litestar.response import Stream
 
 from plugd.chat import pipeline
 from plugd.chat.pipeline import ChatRequest, Delta, Final, UnparseableOutput
+from plugd.media import base64_image
 from plugd.scheduler.runner_client import RunnerError
 from plugd.server.bodies import BadRequest, read_body
-from plugd.types import Message, Think, Tool, ToolCall
+from plugd.types import Media, Message, Think, Tool, ToolCall
 
 log = logging.getLogger(__name__)
 
@@ -86,20 +87,27 @@ class ChatBody(_GenerationBody):
     tools: list[OllamaTool] | None = None
 
 
+def _images(encoded: list[str] | None) -> list[Media]:
+    try:
+        return [base64_image(text) for text in encoded or []]
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+
+
 def _message(m: OllamaMessage) -> Message:
-    if m.images:
-        raise BadRequest("images are not supported yet")
     calls = [ToolCall(c.function.name, c.function.arguments) for c in m.tool_calls or []]
     if m.role not in ("system", "developer", "user", "assistant", "tool"):
         raise BadRequest(f"invalid message role {m.role!r}")
-    return Message(m.role, m.content, thinking=m.thinking, tool_calls=calls, tool_name=m.tool_name)
+    return Message(m.role, m.content, thinking=m.thinking, images=_images(m.images), tool_calls=calls,
+                   tool_name=m.tool_name)
 
 
-def _common(body: _GenerationBody) -> dict[str, Any]:
+def _common(request: Request, body: _GenerationBody) -> dict[str, Any]:
     if body.top_logprobs < 0 or body.top_logprobs > 20:
         raise BadRequest("top_logprobs must be between 0 and 20")
     return {"model": body.model, "think": body.think, "options": body.options or {}, "keep_alive": body.keep_alive,
-            "format": body.format, "logprobs": body.logprobs, "top_logprobs": body.top_logprobs}
+            "format": body.format, "logprobs": body.logprobs, "top_logprobs": body.top_logprobs,
+            "headers": dict(request.headers)}
 
 
 def _now() -> str:
@@ -192,10 +200,9 @@ async def generate(request: Request) -> Any:
     body = await read_body(request, GenerateBody)
     if body.suffix:
         raise BadRequest(f"model '{body.model}' does not support insert")
-    if body.images:
-        raise BadRequest("images are not supported yet")
-    chat = ChatRequest(**_common(body), system=body.system,
-                       messages=[] if not body.prompt or body.raw else [Message("user", body.prompt)],
+    images = _images(body.images)
+    chat = ChatRequest(**_common(request, body), system=body.system,
+                       messages=[] if not body.prompt or body.raw else [Message("user", body.prompt, images=images)],
                        raw_prompt=body.prompt if body.raw and body.prompt else None)
     if body.template:
         raise BadRequest("a per-request template is not supported; set TEMPLATE in a Modelfile")
@@ -207,7 +214,7 @@ async def chat(request: Request) -> Any:
     body = await read_body(request, ChatBody)
     tools = [Tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or []]
     messages = [_message(m) for m in body.messages]
-    return await _respond(request, "chat", ChatRequest(**_common(body), messages=messages, tools=tools), body)
+    return await _respond(request, "chat", ChatRequest(**_common(request, body), messages=messages, tools=tools), body)
 
 
 ROUTES = [generate, chat]

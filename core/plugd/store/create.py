@@ -9,6 +9,7 @@ from typing import Any
 
 from attrs import define, field
 
+from plugd.builtins.jinja_renderer import FALLBACK_RENDERER
 from plugd.hookspecs import ModelFiles
 from plugd.plugins import Registry
 from plugd.store import manifests as mt
@@ -214,7 +215,8 @@ def create_model(store: Store, registry: Registry, req: CreateRequest, status: C
         "context_length": config.get("max_position_embeddings")
         or config.get("text_config", {}).get("max_position_embeddings"),
         "capabilities": list(capabilities),
-        "renderer": _pick("renderer", req.renderer or base.get("renderer"), registry.renderers(), model_files),
+        "renderer": _pick("renderer", req.renderer or base.get("renderer"), registry.renderers(), model_files)
+        or (FALLBACK_RENDERER if template else None),
         "parser": _pick("parser", req.parser or base.get("parser"), registry.parsers(), model_files),
         "rootfs": {"type": "layers", "diff_ids": [layer.digest for layer in layers]},
     }

@@ -1,0 +1,48 @@
+"""Images from clients: base64 and data: URLs decoded, and the bytes checked to really be an image."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import re
+
+from PIL import Image, UnidentifiedImageError
+
+from plugd.types import Media
+
+_DATA_URL = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^;,]*)*?);base64,(?P<data>.*)", re.DOTALL)
+
+
+def image(data: bytes, declared_mime: str | None = None) -> Media:
+    """The image in `data`, its type read from the bytes; ValueError when they are not an image of a known format.
+
+    A declared type that contradicts the bytes is refused too: a client that
+    labels a JPEG as PNG has mixed up its attachments.
+    """
+    try:
+        with Image.open(io.BytesIO(data)) as opened:
+            opened.verify()
+            kind = opened.format
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
+        raise ValueError("the image data is not an image in a format plugd reads (PNG, JPEG, GIF, WebP, BMP...)") from None
+    mime = Image.MIME.get(kind or "", f"image/{(kind or 'unknown').lower()}")
+    if declared_mime and declared_mime.lower() != mime:
+        raise ValueError(f"the image is declared as {declared_mime} but its bytes are {mime}")
+    return Media(data, mime)
+
+
+def base64_image(text: str, declared_mime: str | None = None) -> Media:
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("the image is not valid base64") from None
+    return image(data, declared_mime)
+
+
+def data_url_image(url: str) -> Media:
+    """An image given as a `data:<mime>;base64,...` URL; other URLs are refused (plugd fetches nothing)."""
+    match = _DATA_URL.fullmatch(url.strip())
+    if match is None:
+        raise ValueError("only base64 data: URLs are supported for images; plugd does not fetch remote URLs")
+    return base64_image(match["data"], match["mime"])
