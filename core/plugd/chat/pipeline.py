@@ -14,6 +14,7 @@ from attrs import define, field
 from plugd.builtins.jinja_renderer import FALLBACK_RENDERER
 from plugd.chat.models import ResolvedModel, resolve
 from plugd.chat.options import completion_body, resolve_options
+from plugd.conversation import ConversationError, check_conversation
 from plugd.hookspecs import ClientRenderer, ClientRequest, ParsedPiece, RenderRequest, StreamParser
 from plugd.plugins import Registry
 from plugd.scheduler.durations import parse_keep_alive
@@ -109,34 +110,6 @@ def _conversation(model: ResolvedModel, request: ChatRequest) -> list[Message]:
         texts = [system]
     head = [Message("system", "\n\n".join(texts))] if texts else []
     return head + messages[leading:]
-
-
-def check_conversation(messages: list[Message], tools: list[Tool]) -> None:
-    """Refuse what no renderer could render faithfully: malformed tools, and tool results that answer no call."""
-    names = [t.name for t in tools]
-    for tool in tools:
-        if not tool.name or any(c.isspace() for c in tool.name):
-            raise InvalidRequest(f"invalid tool name {tool.name!r}")
-        schema = tool.parameters
-        if not isinstance(schema, dict) or schema.get("type", "object") != "object" or \
-                not isinstance(schema.get("properties", {}), dict):
-            raise InvalidRequest(f"the parameters of tool {tool.name!r} must be a JSON Schema of type object")
-    if len(set(names)) != len(names):
-        raise InvalidRequest("tool names must be unique")
-    calls: list[ToolCall] = []
-    for message in messages:
-        calls += message.tool_calls
-        if message.role != "tool":
-            continue
-        if message.tool_call_id is not None:
-            answered = any(c.id == message.tool_call_id for c in calls)
-        elif message.tool_name is not None:
-            answered = any(c.name == message.tool_name for c in calls)
-        else:
-            answered = bool(calls)
-        if not answered:
-            which = message.tool_call_id or message.tool_name or "a tool result"
-            raise InvalidRequest(f"tool result {which!r} answers no earlier tool call")
 
 
 RenderFunction = Callable[[RenderRequest], Prompt]
@@ -258,7 +231,10 @@ async def _prepared(services: Services, request: ChatRequest) -> tuple[ResolvedM
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
     grammar = _grammar(services, request)
-    check_conversation(request.messages, request.tools)
+    try:
+        check_conversation(request.messages, request.tools)
+    except ConversationError as exc:
+        raise InvalidRequest(str(exc)) from None
     model = await anyio.to_thread.run_sync(resolve, services.store, services.registry, ModelName.parse(request.model))
     return model, keep_alive, grammar
 
