@@ -240,7 +240,10 @@ def test_chat_drops_oldest_turns_to_fit_num_ctx(client):
     system = {"role": "system", "content": "Be brief."}
     question = {"role": "user", "content": "What is a fox?"}
     long_turn = "lazy dog " * 60  # each old turn alone exceeds num_ctx
-    history = [{"role": "user", "content": long_turn}, {"role": "assistant", "content": long_turn}] * 2
+    call = {"function": {"name": "read", "arguments": {"path": "fox.txt"}}}
+    history = [{"role": "user", "content": long_turn}, {"role": "assistant", "content": long_turn, "tool_calls": [call]},
+               {"role": "tool", "tool_name": "read", "content": long_turn},  # dropped with the call it answers
+               {"role": "user", "content": long_turn}, {"role": "assistant", "content": long_turn}]
     truncated = client.chat(model="tiny", messages=[system, *history, question], options=options)
     expected = client.chat(model="tiny", messages=[system, question], options=options)
     assert truncated.message.content == expected.message.content

@@ -8,7 +8,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 
 from plugd.builtins.jinja_renderer import ChatTemplateError, message_dict, render, tool_dict
 from plugd.hookspecs import ModelFiles, RenderRequest
-from plugd.types import Message, Tool, ToolCall
+from plugd.types import Media, Message, Tool, ToolCall
 
 TEMPLATES = Path(__file__).parents[2] / "shared" / "reference" / "chat_templates"
 WEATHER = Tool(
@@ -29,6 +29,7 @@ CONVERSATIONS = {
     ],
     "thinking-history": [Message("user", "2+2?"), Message("assistant", "4", thinking="Add them."),
                          Message("user", "3+3?")],
+    "image": [Message("user", "What is in it?", images=[Media(b"\x89PNG", "image/png")])],
 }
 
 
@@ -66,3 +67,10 @@ def test_sandbox_blocks_attribute_escapes():
     model = ModelFiles(config={}, chat_template="{{ messages.__class__.__mro__[1].__subclasses__() }}")
     with pytest.raises(ChatTemplateError):
         render(RenderRequest(model=model, messages=[Message("user", "x")]))
+
+
+def test_images_come_before_the_text_as_content_parts():
+    model = ModelFiles(config={}, chat_template=(TEMPLATES / "qwen3.5.jinja").read_text())
+    prompt = render(RenderRequest(model=model, messages=CONVERSATIONS["image"]))
+    assert "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is in it?<|im_end|>" in prompt.text
+    assert [m.mime_type for m in prompt.media] == ["image/png"]

@@ -37,7 +37,10 @@ def _compile(source: str):
 
 def message_dict(message: Message) -> dict[str, Any]:
     """A message in the shape Hugging Face chat templates read."""
-    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    content: str | list[dict[str, Any]] = message.content
+    if message.images:  # images first, then the text: the order plugd renders a message's parts in
+        content = [{"type": "image"} for _ in message.images] + [{"type": "text", "text": message.content}]
+    out: dict[str, Any] = {"role": message.role, "content": content}
     if message.thinking:
         out["reasoning_content"] = message.thinking
     if message.tool_calls:
@@ -59,7 +62,7 @@ def tool_dict(tool: Tool) -> dict[str, Any]:
     }
 
 
-def _token_text(value: Any) -> str:
+def special_token_text(value: Any) -> str:
     # tokenizer_config stores special tokens either as strings or as AddedToken dicts.
     if isinstance(value, dict):
         return value.get("content", "")
@@ -73,8 +76,8 @@ def render(request: RenderRequest) -> Prompt:
     context: dict[str, Any] = {
         "messages": [message_dict(m) for m in request.messages],
         "add_generation_prompt": True,
-        "bos_token": _token_text(request.model.tokenizer_config.get("bos_token")),
-        "eos_token": _token_text(request.model.tokenizer_config.get("eos_token")),
+        "bos_token": special_token_text(request.model.tokenizer_config.get("bos_token")),
+        "eos_token": special_token_text(request.model.tokenizer_config.get("eos_token")),
     }
     if request.tools:
         context["tools"] = [tool_dict(t) for t in request.tools]
@@ -84,7 +87,8 @@ def render(request: RenderRequest) -> Prompt:
         text = _compile(template).render(**context)
     except ChatTemplateError:
         raise
-    except TemplateError as exc:
+    except (TemplateError, TypeError, ValueError, LookupError, AttributeError) as exc:
+        # A template that cannot handle this conversation (e.g. image parts in a text-only one) refuses it.
         raise ChatTemplateError(f"chat template error: {exc}") from exc
     images = [image for m in request.messages for image in m.images]
     return Prompt(text=text, media=images)

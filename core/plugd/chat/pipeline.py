@@ -144,14 +144,20 @@ def _render(render: RenderFunction, model: ResolvedModel, request: ChatRequest, 
 
 async def _fitted_prompt(render: RenderFunction, model: ResolvedModel, request: ChatRequest, runner: RunnerProcess,
                          num_ctx: int) -> str:
-    """The rendered conversation, dropping its oldest turns (never system ones, never the last) until it fits num_ctx."""
+    """The rendered conversation, dropping its oldest turns (never system ones, never the last) until it fits num_ctx.
+
+    An assistant turn goes together with the tool results that answer it.
+    """
     messages = _conversation(model, request)
     while True:
         prompt = _render(render, model, request, messages).text
-        droppable = [i for i, m in enumerate(messages[:-1]) if m.role not in ("system", "developer")]
+        droppable = [i for i, m in enumerate(messages[:-1]) if m.role not in ("system", "developer", "tool")]
         if not droppable or len((await runner.post("/tokenize", {"text": prompt}))["tokens"]) <= num_ctx:
             return prompt
-        del messages[droppable[0]]
+        end = droppable[0] + 1
+        while end < len(messages) - 1 and messages[end].role == "tool":
+            end += 1
+        del messages[droppable[0]:end]
 
 
 def _parser(services: Services, model: ResolvedModel, request: ChatRequest, prompt: str) -> StreamParser | None:
