@@ -1,6 +1,8 @@
-"""The plugin host: entry points, PLUGD_PLUGINS, and plugins that break in every way we can think of."""
+"""The plugin host: entry points, PLUGD_PLUGINS, PLUGD_TRACE_PLUGINS, plugin API versions, and plugins that break
+in every way we can think of."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -8,8 +10,10 @@ import sys
 import httpx
 import pytest
 
-from plugd.testing.plugins import write_distribution
+from plugd import plugins
+from plugd.hookspecs import PLUGIN_API_VERSION, ModelFiles, RenderRequest
 from plugd.testing.server import LiveServer
+from plugd.types import Message
 
 GOOD = """
 from plugd.hookspecs import Renderer, hookimpl
@@ -41,18 +45,46 @@ from plugd.hookspecs import hookimpl
 def plugd_renderers(unexpected_argument):
     return []
 """
+MISNAMED_HOOK = """
+from plugd.hookspecs import Renderer, hookimpl
+
+@hookimpl
+def plugd_renderer():
+    return [Renderer(name="never", render=lambda request: None)]
+
+@hookimpl(optionalhook=True)
+def plugd_hook_of_a_later_plugd():
+    return []
+"""
+# Its hook raises, so a refusal that still called it would read "raised", not the version message.
+FUTURE_API = """
+from plugd.hookspecs import hookimpl
+
+PLUGD_API = "2.0"
+
+@hookimpl
+def plugd_renderers():
+    raise AssertionError("a plugin for another plugin API must not be called")
+"""
+CURRENT_API = """
+from plugd.hookspecs import PLUGIN_API_VERSION, Renderer, hookimpl
+from plugd.types import Prompt
+
+PLUGD_API = PLUGIN_API_VERSION
+
+@hookimpl
+def plugd_renderers():
+    return [Renderer(name="current", render=lambda request: Prompt(text="current"))]
+"""
+BROKEN = {"import-error": IMPORT_ERROR, "raising": RAISES, "wrong-type": WRONG_TYPE, "bad-signature": BAD_SIGNATURE,
+          "misnamed-hook": MISNAMED_HOOK}
 
 
 @pytest.fixture
-def site(tmp_path):
-    return write_distribution(
-        tmp_path / "site",
-        "plugd-test-plugins",
-        modules={"good_plug": GOOD, "import_error_plug": IMPORT_ERROR, "raising_plug": RAISES,
-                 "wrong_type_plug": WRONG_TYPE, "bad_signature_plug": BAD_SIGNATURE},
-        entry_points={"good": "good_plug", "import-error": "import_error_plug", "raising": "raising_plug",
-                      "wrong-type": "wrong_type_plug", "bad-signature": "bad_signature_plug"},
-    )
+def site(plugd_temporary_plugins):
+    for name, source in {"good": GOOD, **BROKEN}.items():
+        plugd_temporary_plugins.add(name, source)
+    return plugd_temporary_plugins.site
 
 
 def plugins_json(site, **env):
@@ -74,6 +106,10 @@ def test_broken_plugins_are_listed_as_failed_and_the_rest_load(site):
     assert listed["wrong-type"]["status"] == "failed"
     assert "expected Architecture" in listed["wrong-type"]["error"]
     assert listed["bad-signature"]["status"] == "failed"
+    assert "{'unexpected_argument'} are declared in the hookimpl" in listed["bad-signature"]["error"]
+    # A misspelt hook would do nothing at all; an optional one is meant for a later plugd and is let be.
+    assert listed["misnamed-hook"]["status"] == "failed"
+    assert listed["misnamed-hook"]["error"].startswith("implements no hook of this plugd: plugd_renderer (plugd's hooks: ")
     assert listed["system_memory"]["builtin"] and listed["system_memory"]["status"] == "ok"
     # A failed plugin contributes nothing, even what it registered before failing.
     assert all(not p["provides"] for p in listed.values() if p["status"] == "failed")
@@ -109,3 +145,63 @@ def test_serve_keeps_running_with_broken_plugins(site, tmp_path):
         assert "plugin raising disabled" in log and "plugin import-error disabled" in log
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("declared", ["2.0", "0.9", f"{PLUGIN_API_VERSION.split('.')[0]}.999", "one", "1.0.0"])
+def test_a_plugin_for_another_plugin_api_is_refused_naming_both_versions(declared):
+    refusal = plugins.api_refusal(declared)
+    assert refusal and repr(declared).strip("'") in refusal and PLUGIN_API_VERSION in refusal
+
+
+@pytest.mark.parametrize("declared", [PLUGIN_API_VERSION, PLUGIN_API_VERSION.split(".")[0] + ".0"])
+def test_a_plugin_for_this_api_or_an_earlier_minor_loads(declared):
+    assert plugins.api_refusal(declared) is None
+
+
+def test_incompatible_plugin_is_refused_at_load_and_the_daemon_keeps_serving(plugd_temporary_plugins, plugd_server_factory):
+    plugd_temporary_plugins.add("future", FUTURE_API)
+    plugd_temporary_plugins.add("current", CURRENT_API)
+    server = plugd_server_factory(env={**plugd_temporary_plugins.env(), "PLUGD_TRACE_PLUGINS": "current"})
+    assert httpx.get(server.url + "/api/tags").json() == {"models": []}
+    refusal = f"built for plugd plugin API 2.0, but this plugd has plugin API {PLUGIN_API_VERSION}"
+    log = server.log()
+    assert f"plugin future disabled: {refusal}" in log
+    assert "current: plugd_renderers() -> [Renderer current]" in log  # traced, as PLUGD_TRACE_PLUGINS asked
+    listed = plugins_json(plugd_temporary_plugins.site)
+    assert listed["future"]["status"] == "failed" and listed["future"]["error"].startswith(refusal)
+    assert listed["future"]["api"] == "2.0" and listed["future"]["provides"] == {}
+    assert listed["current"]["status"] == "ok" and listed["current"]["api"] == PLUGIN_API_VERSION
+    assert listed["current"]["provides"] == {"renderers": ["current"]}
+
+
+def trace_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == plugins.trace_log.name]
+
+
+def test_trace_logs_hook_calls_and_calls_into_what_they_returned(site, monkeypatch, caplog):
+    monkeypatch.setenv("PLUGD_TRACE_PLUGINS", "good")
+    with caplog.at_level(logging.INFO, logger=plugins.trace_log.name):
+        shout = plugins.load().renderers()["shout"]
+        prompt = shout.render(RenderRequest(model=ModelFiles(config={}), messages=[Message(role="user", content="hi")]))
+    assert prompt.text == "HI"
+    lines = trace_lines(caplog)
+    assert lines[0].startswith("good: plugd_renderers() -> [Renderer shout] (")
+    assert lines[1].startswith("good: Renderer shout.render(RenderRequest(model=ModelFiles(config={}")
+    assert "-> Prompt(text='HI', media=[]) (" in lines[1]
+    assert len(lines) == 2, "only the plugins named are traced"
+
+
+def test_trace_all_includes_builtins_and_failures(site, monkeypatch, caplog):
+    monkeypatch.setenv("PLUGD_TRACE_PLUGINS", "1")
+    with caplog.at_level(logging.INFO, logger=plugins.trace_log.name):
+        plugins.load()
+    lines = trace_lines(caplog)
+    assert any(line.startswith("jinja_renderer: plugd_renderers() -> [Renderer jinja]") for line in lines)
+    assert any(line.startswith("raising: plugd_parsers() raised RuntimeError('parser table on fire')") for line in lines)
+
+
+def test_without_tracing_descriptors_are_the_plugins_own(site, monkeypatch, caplog):
+    monkeypatch.delenv("PLUGD_TRACE_PLUGINS", raising=False)
+    with caplog.at_level(logging.INFO, logger=plugins.trace_log.name):
+        shout = plugins.load().renderers()["shout"]
+    assert not hasattr(shout.render, "__wrapped__") and not trace_lines(caplog)

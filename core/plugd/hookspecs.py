@@ -30,6 +30,15 @@ PROJECT = "plugd"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
+PLUGIN_API_VERSION = "1.0"
+"""The plugin API this plugd implements, "MAJOR.MINOR".
+
+MINOR grows when hooks or descriptor fields are added, MAJOR when any is
+removed or changes meaning. A plugin states the version it was built for as a
+module-level `PLUGD_API = "1.0"`; it loads when its MAJOR equals the core's
+and its MINOR is at most the core's.
+"""
+
 
 @define(frozen=True)
 class ModelFiles:
@@ -244,6 +253,7 @@ __all__ = [
     "MemoryFit",
     "Message",
     "ModelFiles",
+    "PLUGIN_API_VERSION",
     "ParsedPiece",
     "Parser",
     "Prompt",

@@ -5,18 +5,28 @@ an empty value loads none, otherwise a comma-separated list of entry-point or
 distribution names. Built-in plugins always load. A plugin that fails to
 import, or whose hook raises or returns something that is not its hook's
 descriptor, is reported (a log line and its listing status) and contributes
-nothing; the daemon goes on without it.
+nothing; the daemon goes on without it. So is a plugin built for a plugin API
+this plugd does not implement: its module-level `PLUGD_API` is checked against
+`hookspecs.PLUGIN_API_VERSION` before any of its hooks is registered.
+
+`PLUGD_TRACE_PLUGINS` logs every hook call and every call into what the hooks
+returned (render, parse, detect, ...) with a summary of arguments, result and
+time: `1` traces every plugin, a comma-separated list of names only those.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
-from collections.abc import Iterable
+import re
+import time
+from collections.abc import Callable, Iterable
 from importlib import metadata
 from types import ModuleType
 from typing import Any
 
+import attrs
 import pluggy
 from attrs import define, field
 
@@ -24,7 +34,12 @@ from plugd import __version__, hookspecs
 from plugd.builtins import BUILTIN_MODULES
 
 log = logging.getLogger(__name__)
+trace_log = logging.getLogger(__name__ + ".trace")
 ENTRY_POINT_GROUP = "plugd"
+API_ATTRIBUTE = "PLUGD_API"
+TRACE_ALL = frozenset({"1", "true", "yes", "all"})
+SUMMARY_CHARS = 160
+DESCRIPTORS = tuple(hookspecs.HOOKS.values())
 
 
 @define
@@ -36,6 +51,7 @@ class PluginInfo:
     error: str | None = None
     builtin: bool = False
     provides: dict[str, list[str]] = field(factory=dict)
+    api: str | None = None  # the plugin API version the plugin declares it was built for
 
 
 @define(eq=False)
@@ -77,6 +93,74 @@ def _entry_points() -> Iterable[metadata.EntryPoint]:
     return sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
 
 
+def _api_parts(version: object) -> tuple[int, int] | None:
+    """(MAJOR, MINOR) of a "MAJOR.MINOR" (or "MAJOR") string; None for anything else."""
+    match = re.fullmatch(r"(\d+)(?:\.(\d+))?", version) if isinstance(version, str) else None
+    return (int(match[1]), int(match[2] or 0)) if match else None
+
+
+def api_refusal(declared: object) -> str | None:
+    """Why a plugin that declares `PLUGD_API = declared` cannot load into this plugd, or None when it can."""
+    core = hookspecs.PLUGIN_API_VERSION
+    core_major, core_minor = _api_parts(core)
+    parts = _api_parts(declared)
+    if parts is None:
+        return f'declares {API_ATTRIBUTE} = {declared!r}, not a "MAJOR.MINOR" string; this plugd has plugin API {core}'
+    if parts[0] == core_major and parts[1] <= core_minor:
+        return None
+    newer = parts > (core_major, core_minor)
+    remedy = "upgrade plugd or install an older release of the plugin" if newer else "upgrade the plugin"
+    return f"built for plugd plugin API {declared}, but this plugd has plugin API {core}: {remedy}"
+
+
+def _traced_names() -> frozenset[str] | None:
+    """Plugins whose hook calls are traced: None for none, TRACE_ALL for all."""
+    value = os.environ.get("PLUGD_TRACE_PLUGINS", "").strip()
+    if not value or value == "0":
+        return None
+    if value.lower() in TRACE_ALL:
+        return TRACE_ALL
+    return frozenset(n.strip() for n in value.split(",") if n.strip())
+
+
+def _summary(value: Any) -> str:
+    if isinstance(value, list) and all(isinstance(v, DESCRIPTORS) for v in value):
+        return "[" + ", ".join(f"{type(v).__name__} {_descriptor_name(v)}" for v in value) + "]"
+    text = repr(value)
+    return text if len(text) <= SUMMARY_CHARS else f"{text[:SUMMARY_CHARS]}... ({len(text)} chars)"
+
+
+def _traced_call(label: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        arguments = ", ".join([_summary(a) for a in args] + [f"{k}={_summary(v)}" for k, v in kwargs.items()])
+        started = time.perf_counter()
+        try:
+            result = function(*args, **kwargs)
+        except Exception as exc:
+            trace_log.info("%s(%s) raised %r (%.1f ms)", label, arguments, exc, _ms_since(started))
+            raise
+        trace_log.info("%s(%s) -> %s (%.1f ms)", label, arguments, _summary(result), _ms_since(started))
+        return result
+
+    return traced
+
+
+def _traced_descriptor(plugin: str, descriptor: Any) -> Any:
+    """`descriptor` with each of its callables logging its calls."""
+    prefix = f"{plugin}: {type(descriptor).__name__} {_descriptor_name(descriptor)}"
+    changes = {
+        f.name: _traced_call(f"{prefix}.{f.name}", value)
+        for f in attrs.fields(type(descriptor))
+        if callable(value := getattr(descriptor, f.name))
+    }
+    return attrs.evolve(descriptor, **changes)
+
+
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000
+
+
 def load() -> Registry:
     """Load built-in and entry-point plugins and collect what their hooks return."""
     pm = pluggy.PluginManager(hookspecs.PROJECT)
@@ -85,7 +169,9 @@ def load() -> Registry:
     modules: list[tuple[PluginInfo, ModuleType]] = []
 
     for module in BUILTIN_MODULES:
-        info = PluginInfo(name=module.__name__.rsplit(".", 1)[-1], version=__version__, builtin=True)
+        info = PluginInfo(
+            name=module.__name__.rsplit(".", 1)[-1], version=__version__, builtin=True, api=hookspecs.PLUGIN_API_VERSION
+        )
         infos.append(info)
         modules.append((info, module))
 
@@ -102,6 +188,11 @@ def load() -> Registry:
         except Exception as exc:  # a plugin's import can fail in any way
             _fail(info, f"import failed: {exc!r}")
             continue
+        declared = getattr(module, API_ATTRIBUTE, None)
+        info.api = None if declared is None else str(declared)
+        if declared is not None and (refusal := api_refusal(declared)):
+            _fail(info, refusal)
+            continue
         modules.append((info, module))
 
     for info, module in modules:
@@ -110,9 +201,12 @@ def load() -> Registry:
         except Exception as exc:  # pluggy validation of hook names and signatures
             _fail(info, f"registration failed: {exc}")
             continue
+        if unknown := _unknown_hooks(pm, module):
+            _fail(info, f"implements no hook of this plugd: {', '.join(unknown)} (plugd's hooks: {', '.join(hookspecs.HOOKS)})")
+            continue
         info.hooks = sorted(impl_name for impl_name in dir(module) if impl_name in hookspecs.HOOKS)
 
-    items = _collect(pm, {id(m): info for info, m in modules})
+    items = _collect(pm, {id(m): info for info, m in modules}, _traced_names())
     for info in infos:
         if info.status == "failed":
             for hook in items:
@@ -127,7 +221,20 @@ def load() -> Registry:
     return registry
 
 
-def _collect(pm: pluggy.PluginManager, info_of: dict[int, PluginInfo]) -> dict[str, list[tuple[PluginInfo, Any]]]:
+def _unknown_hooks(pm: pluggy.PluginManager, module: ModuleType) -> list[str]:
+    """Hook implementations in `module` that name no hook (a typo would otherwise do nothing, silently);
+    `@hookimpl(optionalhook=True)` marks one as meant for a plugd that has that hook."""
+    unknown = []
+    for name in dir(module):
+        options = pm.parse_hookimpl_opts(module, name)
+        if options is not None and name not in hookspecs.HOOKS and not options.get("optionalhook"):
+            unknown.append(name)
+    return unknown
+
+
+def _collect(
+    pm: pluggy.PluginManager, info_of: dict[int, PluginInfo], traced: frozenset[str] | None
+) -> dict[str, list[tuple[PluginInfo, Any]]]:
     """Call each implementation of each hook on its own, so one raising plugin cannot hide the others."""
     items: dict[str, list[tuple[PluginInfo, Any]]] = {}
     for hook, descriptor in hookspecs.HOOKS.items():
@@ -137,14 +244,18 @@ def _collect(pm: pluggy.PluginManager, info_of: dict[int, PluginInfo]) -> dict[s
             info = info_of[id(impl.plugin)]
             if info.status == "failed":
                 continue
+            tracing = traced is not None and (traced is TRACE_ALL or info.name in traced)
+            call = _traced_call(f"{info.name}: {hook}", impl.function) if tracing else impl.function
             try:
-                result = list(impl.function() or ())
+                result = list(call() or ())
                 bad = [r for r in result if not isinstance(r, descriptor)]
                 if bad:
                     raise TypeError(f"returned {bad[0]!r}, expected {descriptor.__name__} instances")
             except Exception as exc:  # a plugin's hook can fail in any way
                 _fail(info, f"{hook} raised: {exc!r}")
                 continue
+            if tracing:
+                result = [_traced_descriptor(info.name, d) for d in result]
             pairs.extend((info, d) for d in result)
     return items
 
