@@ -90,6 +90,7 @@ def test_a_system_message_after_the_first_user_turn_stays_in_place(server):
 def test_unparseable_output_ends_the_stream_with_one_error_and_frees_the_runner(server):
     body = {"model": "strict", "messages": [{"role": "user", "content": "Go"}], "options": ENDLESS, "stream": True}
     with httpx.stream("POST", f"{server.url}/api/chat", json=body, timeout=60) as response:
+        assert response.headers["content-type"] == "application/x-ndjson"
         lines = [line for line in response.iter_lines() if line]
     assert "could not be parsed" in lines[-1] and '"error"' in lines[-1]
     assert sum('"error"' in line for line in lines) == 1 and not any('"done": true' in line for line in lines)

@@ -59,7 +59,8 @@ class SparseMoeBlock(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         probs = mx.softmax(self.gate(x), axis=-1, precise=True)
-        experts = mx.argpartition(probs, kth=-self.top_k, axis=-1)[..., -self.top_k :]
+        # Expert choice is discrete: no gradient flows through it (plugd.testing trains tiny MoE checkpoints).
+        experts = mx.stop_gradient(mx.argpartition(probs, kth=-self.top_k, axis=-1)[..., -self.top_k :])
         weights = mx.take_along_axis(probs, experts, axis=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(axis=-1, keepdims=True)

@@ -5,16 +5,18 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 import attrs
-from attrs import define, field
+from attrs import define
 
 from plugd.builtins.jinja_renderer import FALLBACK_RENDERER
+from plugd.chat.grammar import grammar_for
 from plugd.chat.models import ResolvedModel, resolve
 from plugd.chat.options import completion_body, resolve_options
-from plugd.conversation import ConversationError, check_conversation
+from plugd.chat.request import ChatRequest, Delta, Final, InvalidRequest, ToolChoice, UnparseableOutput
+from plugd.conversation import check_conversation
 from plugd.hookspecs import ClientRenderer, ClientRequest, ParsedPiece, RenderRequest, StreamParser
 from plugd.plugins import Registry
 from plugd.scheduler.durations import parse_keep_alive
@@ -23,69 +25,7 @@ from plugd.scheduler.scheduler import Scheduler
 from plugd.settings import client_renderer_names
 from plugd.store.names import ModelName
 from plugd.store.store import Store
-from plugd.types import Message, Prompt, Think, Tool, ToolCall
-
-
-class InvalidRequest(ValueError):
-    """The request cannot be served as asked (a 400 in every dialect)."""
-
-
-class UnparseableOutput(RuntimeError):
-    """The model's output does not follow its family's format; the generation was stopped."""
-
-
-@define(frozen=True)
-class ToolChoice:
-    """Whether the model may, must or must not call a tool; `name` is the tool it must call in mode "named"."""
-
-    mode: Literal["auto", "none", "required", "named"] = "auto"
-    name: str | None = None
-
-
-@define
-class ChatRequest:
-    """A dialect-neutral request: a conversation, or a raw prompt when `raw_prompt` is set."""
-
-    model: str
-    messages: list[Message] = field(factory=list)
-    tools: list[Tool] = field(factory=list)
-    tool_choice: ToolChoice = ToolChoice()
-    think: Think = None
-    options: dict[str, Any] = field(factory=dict)
-    keep_alive: str | int | float | None = None
-    format: Any = None  # "json" or a JSON Schema
-    logprobs: bool = False
-    top_logprobs: int = 0
-    raw_prompt: str | None = None
-    system: str | None = None  # replaces the model's SYSTEM
-    dialect: Literal["ollama", "openai", "anthropic"] = "ollama"
-    headers: dict[str, str] = field(factory=dict)
-
-
-@define
-class Delta:
-    """A piece of the response as it streams."""
-
-    content: str = ""
-    thinking: str = ""
-    tool_calls: list[ToolCall] = field(factory=list)
-    logprobs: list[dict[str, Any]] = field(factory=list)
-
-
-@define
-class Final:
-    done_reason: str
-    prompt_tokens: int = 0  # the whole prompt, after truncation
-    prompt_eval_count: int = 0  # prompt tokens evaluated: the reused prefix not included
-    prompt_eval_duration: int = 0
-    eval_count: int = 0
-    eval_duration: int = 0
-    load_duration: int = 0
-    total_duration: int = 0
-
-    @property
-    def cached_tokens(self) -> int:
-        return self.prompt_tokens - self.prompt_eval_count
+from plugd.types import Message, Options, Prompt, Tool
 
 
 @define
@@ -194,6 +134,30 @@ class _ContentOnly:
         return []
 
 
+class _FirstCallOnly:
+    """Enforces parallel_tool_calls=false: tool calls after the first one are dropped from the response."""
+
+    def __init__(self, parser: StreamParser):
+        self.parser = parser
+        self.called = False
+
+    def feed(self, text: str) -> list[ParsedPiece]:
+        return self._kept(self.parser.feed(text))
+
+    def finish(self) -> list[ParsedPiece]:
+        return self._kept(self.parser.finish())
+
+    def _kept(self, pieces: list[ParsedPiece]) -> list[ParsedPiece]:
+        kept = []
+        for piece in pieces:
+            if piece.kind == "tool_call":
+                if self.called:
+                    continue
+                self.called = True
+            kept.append(piece)
+        return kept
+
+
 def _parsed(parse: Callable[[], list[ParsedPiece]]) -> list[ParsedPiece]:
     try:
         return parse()
@@ -201,67 +165,59 @@ def _parsed(parse: Callable[[], list[ParsedPiece]]) -> list[ParsedPiece]:
         raise UnparseableOutput(f"the model's output could not be parsed: {exc}") from None
 
 
-def _grammar(services: Services, request: ChatRequest) -> dict[str, Any] | None:
-    """The runner's grammar for a structured request, or a clear refusal; None for free text.
-
-    A structured request is enforced token by token by a grammar engine
-    plugin, or refused: never served as free text.
-    """
-    forced_call = request.tool_choice.mode in ("required", "named")
-    if forced_call:
-        if not request.tools:
-            raise InvalidRequest(f"tool_choice {request.tool_choice.mode!r} needs tools")
-        if request.tool_choice.name and request.tool_choice.name not in {t.name for t in request.tools}:
-            raise InvalidRequest(f"tool_choice names {request.tool_choice.name!r}, which is not among the tools")
-    structured = request.format not in (None, "")
-    if not structured and not forced_call:
-        return None
-    wants = "structured output (format)" if structured else f"tool_choice {request.tool_choice.mode!r}"
-    engines = services.registry.items.get("plugd_grammar_engines", [])
-    if not engines:
-        raise InvalidRequest(f"{wants} is not enforced by any installed plugin; install plugd-xgrammar")
-    if forced_call:
-        raise InvalidRequest(f"{wants} is not supported yet by the installed grammar engine")
-    kind = "json" if request.format == "json" else "json_schema" if isinstance(request.format, dict) else None
-    if kind is None:
-        raise InvalidRequest(f'format must be "json" or a JSON Schema object, not {request.format!r}')
-    engine = next((e for e in engines if kind in e.formats), None)
-    if engine is None:
-        raise InvalidRequest(f"no installed grammar engine enforces {kind} formats")
-    return {"engine": engine.name, "factory": engine.factory, "kind": kind, "format": request.format}
+@define(frozen=True)
+class _Prepared:
+    model: ResolvedModel
+    options: Options
+    keep_alive: float | None
 
 
-async def _prepared(services: Services, request: ChatRequest) -> tuple[ResolvedModel, Any, dict[str, Any] | None]:
+async def _prepared(services: Services, request: ChatRequest) -> _Prepared:
+    """The request checked, its model resolved and its options merged: all that can fail before a model loads."""
     try:
         keep_alive = parse_keep_alive(request.keep_alive)
+        check_conversation(request.messages, request.tools)
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
-    grammar = _grammar(services, request)
-    try:
-        check_conversation(request.messages, request.tools)
-    except ConversationError as exc:
-        raise InvalidRequest(str(exc)) from None
     model = await anyio.to_thread.run_sync(resolve, services.store, services.registry, ModelName.parse(request.model))
-    return model, keep_alive, grammar
-
-
-async def render_only(services: Services, request: ChatRequest) -> Prompt:
-    """The prompt `request` would be given, without loading the model (and without fitting it to num_ctx)."""
-    model, _, _ = await _prepared(services, request)
-    if request.raw_prompt is not None:
-        return Prompt(request.raw_prompt)
-    return _render(_renderer(services, model, request), model, request, _conversation(model, request))
-
-
-async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta | Final]:
-    """Stream the response to `request`; a request with nothing to generate only loads (or unloads) the model."""
-    started = time.perf_counter_ns()
-    model, keep_alive, grammar = await _prepared(services, request)
     try:
         options = resolve_options(model.generation_config, model.parameters, request.options,
                                   model.config.get("context_length"))
     except ValueError as exc:
         raise InvalidRequest(f"invalid options: {exc}") from None
+    return _Prepared(model, options, keep_alive)
+
+
+def _whole_prompt(services: Services, model: ResolvedModel, request: ChatRequest) -> Prompt:
+    if request.raw_prompt is not None:
+        return Prompt(request.raw_prompt)
+    return _render(_renderer(services, model, request), model, request, _conversation(model, request))
+
+
+async def render_only(services: Services, request: ChatRequest) -> Prompt:
+    """The prompt `request` would be given, without loading the model (and without fitting it to num_ctx)."""
+    grammar_for(services, request)
+    return _whole_prompt(services, (await _prepared(services, request)).model, request)
+
+
+async def count_tokens(services: Services, request: ChatRequest) -> int:
+    """The tokens of the whole prompt `request` renders to, counted by the model's runner (loaded if need be).
+
+    A forced tool call or an output format constrains decoding, not the
+    prompt, so counting needs no grammar engine.
+    """
+    prepared = await _prepared(services, request)
+    prompt = _whole_prompt(services, prepared.model, request)
+    async with services.scheduler.acquire(prepared.model, prepared.options.num_ctx, prepared.keep_alive) as loaded:
+        return len((await loaded.runner.post("/tokenize", {"text": prompt.text}))["tokens"])
+
+
+async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta | Final]:
+    """Stream the response to `request`; a request with nothing to generate only loads (or unloads) the model."""
+    started = time.perf_counter_ns()
+    grammar = grammar_for(services, request)
+    prepared = await _prepared(services, request)
+    model, options, keep_alive = prepared.model, prepared.options, prepared.keep_alive
     load_only = not request.messages and not request.raw_prompt
     render = None if load_only or request.raw_prompt is not None else _renderer(services, model, request)
 
@@ -275,6 +231,8 @@ async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta |
         if render is not None:
             prompt = await _fitted_prompt(render, model, request, loaded.runner, options.num_ctx)
         parser = _parser(services, model, request, prompt) or _ContentOnly()
+        if not request.parallel_tool_calls:
+            parser = _FirstCallOnly(parser)
         body = completion_body(options, request.logprobs, request.top_logprobs) | {"prompt": prompt}
         if grammar is not None:
             body["grammar"] = grammar
@@ -313,3 +271,7 @@ def enabled_client_renderers(registry: Registry) -> list[ClientRenderer]:
     """The client renderers named in PLUGD_CLIENT_RENDERERS, in that order (unknown names are skipped)."""
     available = {r.name: r for r in registry.items.get("plugd_client_renderers", [])}
     return [available[name] for name in client_renderer_names() if name in available]
+
+
+__all__ = ["ChatRequest", "Delta", "Final", "InvalidRequest", "Services", "ToolChoice", "UnparseableOutput",
+           "count_tokens", "render_only", "run"]

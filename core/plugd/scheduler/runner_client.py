@@ -24,7 +24,7 @@ class RunnerError(RuntimeError):
     """The runner failed to load, died, or answered with an error."""
 
 
-def _runner_env() -> dict[str, str]:
+def runner_env() -> dict[str, str]:
     env = dict(os.environ)
     # MLX's Linux CPU wheel links a reference BLAS; a system OpenBLAS loaded first serves the same
     # symbols with optimised float32 GEMM.
@@ -69,7 +69,7 @@ class RunnerProcess:
                 self.process = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "plugd", "runner", "--model-dir", str(self._model_dir()),
                     "--module", self.module, "--socket", str(self.socket),
-                    stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=_runner_env(),
+                    stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=runner_env(),
                 )
             try:
                 await asyncio.wait_for(self._wait_ready(), LOAD_TIMEOUT)

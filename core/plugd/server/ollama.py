@@ -13,11 +13,11 @@ import anyio
 from attrs import define
 from cattrs.gen import make_dict_structure_fn, override
 from litestar import Request, Response, delete, get, head, post
-from litestar.response import Stream
 
 from plugd import __version__
 from plugd.server.bodies import BadRequest, read_body
 from plugd.server.model_views import details, show_payload, tags_entry
+from plugd.server.sse import NDJSON, streamed
 from plugd.store.create import CreateRequest, create_model
 from plugd.store.names import ModelName
 from plugd.store.store import CorruptModel, Store
@@ -26,7 +26,6 @@ from plugd.types import converter
 converter.register_structure_hook(
     CreateRequest, make_dict_structure_fn(CreateRequest, converter, from_=override(rename="from"))
 )
-NDJSON = "application/x-ndjson"
 log = logging.getLogger(__name__)
 
 
@@ -156,7 +155,7 @@ async def create(request: Request) -> Any:
     statuses.append("success")
     if not body.stream:
         return Response({"status": "success"}, status_code=200)
-    return Stream(_ndjson({"status": s} for s in statuses), media_type=NDJSON)
+    return streamed(_ndjson({"status": s} for s in statuses), NDJSON)
 
 
 async def _ndjson(items) -> AsyncIterator[bytes]:

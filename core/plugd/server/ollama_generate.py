@@ -10,13 +10,13 @@ from typing import Any
 
 from attrs import define, field
 from litestar import Request, Response, post
-from litestar.response import Stream
 
 from plugd.chat import pipeline
 from plugd.chat.pipeline import ChatRequest, Delta, Final, UnparseableOutput
 from plugd.media import base64_image
 from plugd.scheduler.runner_client import RunnerError
 from plugd.server.bodies import BadRequest, read_body
+from plugd.server.sse import NDJSON, streamed
 from plugd.types import Media, Message, Think, Tool, ToolCall
 
 log = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ async def _respond(request: Request, kind: str, chat: ChatRequest, body: _Genera
     events = pipeline.run(services, chat)
     first = await anext(events)  # errors before any output become an HTTP error status
     if stream:
-        return Stream(_lines(kind, chat.model, first, events), media_type="application/x-ndjson")
+        return streamed(_lines(kind, chat.model, first, events), NDJSON)
     total = Delta()
     event = first
     try:

@@ -1,9 +1,12 @@
-"""Server-sent events, as the OpenAI and Anthropic dialects stream them."""
+"""Streaming responses: server-sent events as the OpenAI and Anthropic dialects frame them, and NDJSON."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
+
+from litestar.response import Stream
 
 
 def sse_event(data: dict[str, Any] | str, event: str | None = None) -> bytes:
@@ -11,3 +14,16 @@ def sse_event(data: dict[str, Any] | str, event: str | None = None) -> bytes:
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
     head = f"event: {event}\n" if event else ""
     return f"{head}data: {payload}\n\n".encode()
+
+
+def streamed(chunks: AsyncIterator[bytes] | Iterator[bytes], media_type: str) -> Stream:
+    """A streaming response with this content type.
+
+    Litestar 2 lets the route's default media type (JSON) override a
+    Stream's own, so the content type goes in as an explicit header.
+    """
+    return Stream(chunks, headers={"content-type": media_type, "cache-control": "no-cache"})
+
+
+SSE = "text/event-stream; charset=utf-8"
+NDJSON = "application/x-ndjson"

@@ -1,0 +1,72 @@
+"""The dialect-neutral request, the events its response streams as, and the errors every dialect maps."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from attrs import define, field
+
+from plugd.types import Message, Think, Tool, ToolCall
+
+
+class InvalidRequest(ValueError):
+    """The request cannot be served as asked (a 400 in every dialect)."""
+
+
+class UnparseableOutput(RuntimeError):
+    """The model's output does not follow its family's format; the generation was stopped."""
+
+
+@define(frozen=True)
+class ToolChoice:
+    """Whether the model may, must or must not call a tool; `name` is the tool it must call in mode "named"."""
+
+    mode: Literal["auto", "none", "required", "named"] = "auto"
+    name: str | None = None
+
+
+@define
+class ChatRequest:
+    """A dialect-neutral request: a conversation, or a raw prompt when `raw_prompt` is set."""
+
+    model: str
+    messages: list[Message] = field(factory=list)
+    tools: list[Tool] = field(factory=list)
+    tool_choice: ToolChoice = ToolChoice()
+    parallel_tool_calls: bool = True  # False: at most one tool call per response
+    think: Think = None
+    options: dict[str, Any] = field(factory=dict)
+    keep_alive: str | int | float | None = None
+    format: Any = None  # "json" or a JSON Schema
+    logprobs: bool = False
+    top_logprobs: int = 0
+    raw_prompt: str | None = None
+    system: str | None = None  # replaces the model's SYSTEM
+    dialect: Literal["ollama", "openai", "anthropic"] = "ollama"
+    headers: dict[str, str] = field(factory=dict)
+
+
+@define
+class Delta:
+    """A piece of the response as it streams."""
+
+    content: str = ""
+    thinking: str = ""
+    tool_calls: list[ToolCall] = field(factory=list)
+    logprobs: list[dict[str, Any]] = field(factory=list)
+
+
+@define
+class Final:
+    done_reason: str
+    prompt_tokens: int = 0  # the whole prompt, after truncation
+    prompt_eval_count: int = 0  # prompt tokens evaluated: the reused prefix not included
+    prompt_eval_duration: int = 0
+    eval_count: int = 0
+    eval_duration: int = 0
+    load_duration: int = 0
+    total_duration: int = 0
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.prompt_tokens - self.prompt_eval_count

@@ -1,0 +1,152 @@
+"""The pipeline's events written as an Anthropic message: content blocks, stop reason, usage, and the SSE stream."""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+from attrs import define, field
+
+from plugd.chat.pipeline import Delta, Final, UnparseableOutput
+from plugd.scheduler.runner_client import RunnerError
+from plugd.server.errors import error_body
+from plugd.server.sse import sse_event
+from plugd.types import ToolCall
+
+log = logging.getLogger(__name__)
+
+Event = tuple[str, dict[str, Any]]  # an SSE event name and its data
+
+
+@define
+class ContentBlocks:
+    """The response's content blocks, built delta by delta, with the stream events that build them on the client.
+
+    Consecutive thinking (or text) pieces extend one block; a change of kind, or a
+    tool call, closes it and opens the next, so the index grows with each block.
+    """
+
+    hide_thinking: bool = False
+    content: list[dict[str, Any]] = field(factory=list)
+    _open: bool = False  # whether content[-1] may still grow
+
+    def add(self, delta: Delta) -> list[Event]:
+        events = []
+        if delta.thinking:
+            events += self._extend("thinking", delta.thinking)
+        if delta.content:
+            events += self._extend("text", delta.content)
+        for call in delta.tool_calls:
+            events += self._tool_use(call)
+        return events
+
+    def close(self) -> list[Event]:
+        if not self._open:
+            return []
+        self._open = False
+        index = len(self.content) - 1
+        events = []
+        if self.content[index]["type"] == "thinking":
+            # Anthropic signs thinking so that it can verify it when sent back; a local model has nothing to verify.
+            events.append(_block_delta(index, {"type": "signature_delta", "signature": ""}))
+        return events + [("content_block_stop", {"type": "content_block_stop", "index": index})]
+
+    def has_tool_use(self) -> bool:
+        return any(block["type"] == "tool_use" for block in self.content)
+
+    def _extend(self, kind: str, text: str) -> list[Event]:
+        """Append text to the open block of `kind` (the block's text lives under the key `kind` too)."""
+        events = []
+        if not (self._open and self.content[-1]["type"] == kind):
+            events += self.close()
+            events.append(self._start({"type": kind, kind: ""} | ({"signature": ""} if kind == "thinking" else {})))
+            self._open = True
+        if kind == "thinking" and self.hide_thinking:
+            return events
+        self.content[-1][kind] += text
+        return events + [_block_delta(len(self.content) - 1, {"type": f"{kind}_delta", kind: text})]
+
+    def _tool_use(self, call: ToolCall) -> list[Event]:
+        events = self.close()
+        events.append(self._start({"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}))
+        index = len(self.content) - 1
+        events.append(_block_delta(index, {"type": "input_json_delta", "partial_json": json.dumps(call.arguments)}))
+        return events + [("content_block_stop", {"type": "content_block_stop", "index": index})]
+
+    def _start(self, block: dict[str, Any]) -> Event:
+        self.content.append(block)
+        shown = block | {"input": {}} if block["type"] == "tool_use" else dict(block)
+        return "content_block_start", {"type": "content_block_start", "index": len(self.content) - 1, "content_block": shown}
+
+
+def _block_delta(index: int, delta: dict[str, Any]) -> Event:
+    return "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+
+
+def message_id() -> str:
+    return f"msg_{secrets.token_hex(12)}"
+
+
+def usage(final: Final | None) -> dict[str, int]:
+    """Anthropic counts input tokens read from its cache apart from those it evaluated; plugd's prefix reuse alike."""
+    return {
+        "input_tokens": final.prompt_eval_count if final else 0,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": final.cached_tokens if final else 0,
+        "output_tokens": final.eval_count if final else 0,
+    }
+
+
+def stop_reason(final: Final, blocks: ContentBlocks) -> str:
+    if final.done_reason == "length":
+        return "max_tokens"
+    return "tool_use" if blocks.has_tool_use() else "end_turn"
+
+
+def message(message_id: str, model: str, content: list[dict[str, Any]], final: Final | None,
+            reason: str | None) -> dict[str, Any]:
+    return {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": content,
+            "stop_reason": reason, "stop_sequence": None, "usage": usage(final)}
+
+
+async def whole_message(model: str, first: Delta | Final, events: AsyncIterator[Delta | Final],
+                        hide_thinking: bool) -> dict[str, Any]:
+    """The complete message; the pipeline is closed (and the runner released) before it returns."""
+    blocks = ContentBlocks(hide_thinking=hide_thinking)
+    event = first
+    try:
+        while not isinstance(event, Final):
+            blocks.add(event)
+            event = await anext(events)
+    finally:
+        await events.aclose()
+    blocks.close()
+    return message(message_id(), model, blocks.content, event, stop_reason(event, blocks))
+
+
+async def message_stream(model: str, first: Delta | Final, events: AsyncIterator[Delta | Final],
+                         hide_thinking: bool) -> AsyncIterator[bytes]:
+    """message_start, each block's start/deltas/stop, message_delta with the stop reason and usage, message_stop."""
+    blocks = ContentBlocks(hide_thinking=hide_thinking)
+    event = first
+    try:
+        yield sse_event({"type": "message_start", "message": message(message_id(), model, [], None, None)},
+                        event="message_start")
+        yield sse_event({"type": "ping"}, event="ping")
+        while not isinstance(event, Final):
+            for name, data in blocks.add(event):
+                yield sse_event(data, event=name)
+            event = await anext(events)
+        for name, data in blocks.close():
+            yield sse_event(data, event=name)
+        delta = {"stop_reason": stop_reason(event, blocks), "stop_sequence": None}
+        yield sse_event({"type": "message_delta", "delta": delta, "usage": usage(event)}, event="message_delta")
+        yield sse_event({"type": "message_stop"}, event="message_stop")
+    except (RunnerError, UnparseableOutput, ValueError) as exc:
+        log.error("messages on %s failed mid-stream: %s", model, exc)
+        yield sse_event(error_body("/v1/messages", 500, str(exc)), event="error")
+    finally:
+        await events.aclose()

@@ -1,0 +1,61 @@
+"""Session fixtures shared by the core's end-to-end tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from plugd.testing.server import LiveServer
+from plugd.testing.transcripts import train_agent
+
+AGENT_MODEL = "agent"
+# Greedy and unpenalised, so that every dialect's default sampling reproduces the trained answers exactly.
+AGENT_MODELFILE = """\
+FROM {checkpoint}
+RENDERER jinja
+PARSER qwen3
+PARAMETER temperature 0
+PARAMETER top_k 1
+PARAMETER repeat_penalty 1
+"""
+
+
+@pytest.fixture(scope="session")
+def agent_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny checkpoint trained on plugd.testing.transcripts' scenario, trained once per test session."""
+    root = tmp_path_factory.getbasetemp()
+    return train_agent(tmp_path_factory.mktemp("agent") / "checkpoint", cache_dir=root / "trained-checkpoints")
+
+
+@pytest.fixture(scope="session")
+def agent_server(agent_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """One live `plugd serve` for the session, holding model "agent": a tiny checkpoint that really thinks and calls
+    tools, trained until greedy decoding answers each conversation of plugd.testing.transcripts word for word.
+
+    The model renders with the checkpoint's own ChatML template (RENDERER jinja), parses with the `qwen3` parser,
+    and samples greedily (temperature 0, top_k 1, repeat_penalty 1) unless a request says otherwise. Sent as the
+    scenario's Exchange constants describe (the exact texts are constants there), it answers:
+
+    - WEATHER_CALL_TURN, [user WEATHER_QUESTION] with tools [WEATHER_TOOL]: thinking WEATHER_CALL_THINKING, no
+      content, one tool call get_weather {"city": "Paris"};
+    - weather_answer_turn(...), the same plus that call and the tool result WEATHER_RESULT, with the call's thinking
+      kept in the history or not, with call ids or not: thinking WEATHER_ANSWER_THINKING, content WEATHER_ANSWER;
+    - HELLO, [user HELLO_QUESTION], no tools, thinking on or unspecified: thinking HELLO_THINKING, content
+      HELLO_ANSWER;
+    - HELLO_WITHOUT_THINKING, the same with thinking off: content HELLO_ANSWER_WITHOUT_THINKING.
+
+    Raw prompts (Exchange.prompt()) complete with Exchange.completion(). Anything else (a system prompt, other
+    wording, other tools) gets no trained answer. Tests share the server: leave model "agent" as it is.
+    """
+    models = tmp_path_factory.mktemp("agent-server") / "models"
+    server = LiveServer(models)
+    try:
+        modelfile = models.parent / "Modelfile"
+        modelfile.write_text(AGENT_MODELFILE.format(checkpoint=agent_checkpoint))
+        created = server.cli("create", AGENT_MODEL, "-f", str(modelfile))
+        assert created.returncode == 0, f"plugd create failed:\n{created.stderr}\n{server.log()}"
+        yield server
+    finally:
+        server.stop()
