@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import anthropic
 import httpx
 import pytest
 from tokenizers import Tokenizer
@@ -122,3 +123,47 @@ def test_without_it_a_reminder_rewrites_the_history_before_it(server):
     assert before[diverges_at:].startswith("<think>\nI should read the file first.")
     assert after[diverges_at:].startswith("<tool_call>")
     assert tokens - evaluated < before_tokens, "the runner could not reuse the whole previous prompt"
+
+
+def _anthropic_messages(messages):
+    """The conversation in Claude Code's own shape: content blocks, tool results and reminders in one user turn."""
+    out = []
+    for message in messages[1:]:  # the system prompt goes in `system`
+        if message["role"] == "assistant":
+            calls = [{"type": "tool_use", "id": f"toolu_{len(out)}_{i}", "name": c["function"]["name"],
+                      "input": c["function"]["arguments"]} for i, c in enumerate(message["tool_calls"])]
+            text = [{"type": "text", "text": message["content"]}] if message["content"] else []
+            out.append({"role": "assistant", "content": [
+                {"type": "thinking", "thinking": message["thinking"], "signature": ""}, *text, *calls]})
+        elif message["role"] == "tool":
+            call_id = next(b["id"] for b in out[-1]["content"] if b["type"] == "tool_use")
+            out.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": call_id, "content": message["content"]}]})
+        elif out and out[-1]["role"] == "user":
+            out[-1]["content"].append({"type": "text", "text": message["content"]})
+        else:
+            out.append({"role": "user", "content": message["content"]})
+    return out
+
+
+def test_a_claude_code_session_over_the_messages_api_reuses_every_previous_prompt(server):
+
+
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+
+    def session(headers):
+        client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, default_headers=headers)
+        usages = []
+        for messages in _turns():
+            reply = client.messages.create(model="coder", max_tokens=1, system=OPENING[0]["content"], tools=tools,
+                                           messages=_anthropic_messages(messages))
+            usages.append((reply.usage.input_tokens + reply.usage.cache_read_input_tokens,
+                           reply.usage.cache_read_input_tokens))
+        return usages
+
+    with_plugin = session(CLAUDE_CODE)
+    for (previous_total, _), (_, reused) in zip(with_plugin, with_plugin[1:]):
+        assert reused >= previous_total
+    without = session({"user-agent": "Anthropic/Python"})
+    assert without[2][1] < without[1][0], "a reminder rewrote the history, so the runner could not reuse it"
