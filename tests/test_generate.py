@@ -208,7 +208,7 @@ def test_malformed_checkpoint_fails_the_load_naming_the_tensor(plugd_server, tmp
 
 def test_generation_errors_are_ollama_shaped(client, plugd_server):
     for body, status, text in [
-        ({"model": "tiny", "prompt": "x", "format": "json"}, 400, "plugd-xgrammar"),
+        ({"model": "tiny", "prompt": "x", "format": "yaml"}, 400, 'format must be "json" or a JSON Schema'),
         ({"model": "tiny", "prompt": "x", "keep_alive": "soon"}, 400, "invalid keep_alive"),
         ({"model": "tiny", "prompt": "x", "options": {"temperature": "hot"}}, 400, "invalid options"),
         ({"model": "missing", "prompt": "x"}, 404, "not found"),

@@ -259,6 +259,21 @@ async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta |
                 yield _delta(pieces, logprobs)
 
 
+async def collect(first: Delta | Final, events: AsyncIterator[Delta | Final]) -> tuple[Delta, Final]:
+    """The whole response: every delta joined, and the final event; `events` is closed, releasing the runner."""
+    total, event = Delta(), first
+    try:
+        while not isinstance(event, Final):
+            total.content += event.content
+            total.thinking += event.thinking
+            total.tool_calls += event.tool_calls
+            total.logprobs += event.logprobs
+            event = await anext(events)
+    finally:
+        await events.aclose()
+    return total, event
+
+
 def _logprob(event: dict[str, Any]) -> dict[str, Any]:
     return {
         "token": event["token_text"],
@@ -274,4 +289,4 @@ def enabled_client_renderers(registry: Registry) -> list[ClientRenderer]:
 
 
 __all__ = ["ChatRequest", "Delta", "Final", "InvalidRequest", "Services", "ToolChoice", "UnparseableOutput",
-           "count_tokens", "render_only", "run"]
+           "collect", "count_tokens", "render_only", "run"]

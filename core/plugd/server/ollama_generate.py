@@ -161,17 +161,7 @@ async def _respond(request: Request, kind: str, chat: ChatRequest, body: _Genera
     first = await anext(events)  # errors before any output become an HTTP error status
     if stream:
         return streamed(_lines(kind, chat.model, first, events), NDJSON)
-    total = Delta()
-    event = first
-    try:
-        while not isinstance(event, Final):
-            total.content += event.content
-            total.thinking += event.thinking
-            total.tool_calls += event.tool_calls
-            total.logprobs += event.logprobs
-            event = await anext(events)
-    finally:
-        await events.aclose()  # releases the runner (and applies keep_alive) before the response goes out
+    total, event = await pipeline.collect(first, events)  # the runner is released before the response goes out
     out = _chunk(kind, chat.model, total)
     if not total.logprobs:
         out.pop("logprobs", None)

@@ -23,18 +23,6 @@ from plugd.store.store import StoredModel
 log = logging.getLogger(__name__)
 
 
-async def _collect(first: Delta | Final, events: AsyncIterator[Delta | Final]) -> tuple[Delta, Final]:
-    """The whole response: every delta joined, and the final event."""
-    total, event = Delta(), first
-    while not isinstance(event, Final):
-        total.content += event.content
-        total.thinking += event.thinking
-        total.tool_calls += event.tool_calls
-        total.logprobs += event.logprobs
-        event = await anext(events)
-    return total, event
-
-
 async def _sse(path: str, writer: Writer, first: Delta | Final,
                events: AsyncIterator[Delta | Final]) -> AsyncIterator[bytes]:
     """The chunks as server-sent events, ending with [DONE]; a failure mid-stream is written as an error event."""
@@ -61,10 +49,7 @@ async def _respond(request: Request, chat: ChatRequest, writer: Writer, stream: 
     first = await anext(events)  # errors before any output become an HTTP error status
     if stream:
         return streamed(_sse(request.url.path, writer, first, events), SSE)
-    try:
-        total, final = await _collect(first, events)
-    finally:
-        await events.aclose()  # releases the runner (and applies keep_alive) before the response goes out
+    total, final = await pipeline.collect(first, events)  # the runner is released before the response goes out
     return Response(writer.whole(total, final))
 
 
