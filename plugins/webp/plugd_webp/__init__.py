@@ -1,1 +1,3 @@
 """WebP media transcoder for plugd."""
+
+PLUGD_API = "1.0"

@@ -23,6 +23,8 @@ import attrs
 from plugd.hookspecs import ClientRenderer, ClientRequest, Prompt, RenderRequest, hookimpl
 from plugd.types import Message
 
+PLUGD_API = "1.0"  # the plugd plugin API this plugin is built for
+
 _REMINDERS_ONLY = re.compile(r"\s*(<system-reminder>.*?</system-reminder>\s*)+", re.DOTALL)
 
 

@@ -13,6 +13,8 @@ from plugd.hookspecs import ModelFiles, Parser, Renderer, hookimpl
 from plugd_render_gemma import gemma3, gemma4_parser
 from plugd_render_gemma.gemma4 import Gemma4Template, is_gemma4_template
 
+PLUGD_API = "1.0"  # the plugd plugin API this plugin is built for
+
 GEMMA4_TEMPLATES = {
     "gemma4": Gemma4Template(empty_thought_channel=True),
     "gemma4-e2b": Gemma4Template(empty_thought_channel=False),

@@ -5,6 +5,8 @@ from plugd.hookspecs import Parser, Renderer, hookimpl
 from . import nano3, nano_v2
 from .parsers import nano3_parser, nano_v2_parser
 
+PLUGD_API = "1.0"  # the plugd plugin API this plugin is built for
+
 
 @hookimpl
 def plugd_renderers():

@@ -10,6 +10,8 @@ from plugd.hookspecs import hookimpl
 from plugd_render_qwen.parsers import PARSERS
 from plugd_render_qwen.renderers import RENDERERS
 
+PLUGD_API = "1.0"  # the plugd plugin API this plugin is built for
+
 
 @hookimpl
 def plugd_renderers():
