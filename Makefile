@@ -3,15 +3,21 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 PYPROJECTS := pyproject.toml $(wildcard */*/pyproject.toml)
-# Debian packages: OpenBLAS, which runners preload on Linux CPUs for fast float32 GEMM.
+# Debian packages: OpenBLAS, which runners preload on Linux CPUs for fast float32 GEMM; for the tests also
+# docker-registry, the OCI registry the pull/push tests and bench/pull.py start on loopback, and curl, the
+# peer bench/pull.py measures against.
 DEBIAN_PACKAGES := libopenblas0-pthread
+DEBIAN_TEST_PACKAGES := $(DEBIAN_PACKAGES) docker-registry curl
 
-.PHONY: serve test system-packages
+.PHONY: serve test system-packages system-test-packages
 serve: system-packages $(VENV)/.installed
 	$(BIN)/plugd serve
 
-test: system-packages $(VENV)/.installed-test
+test: system-test-packages $(VENV)/.installed-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+system-test-packages: DEBIAN_PACKAGES := $(DEBIAN_TEST_PACKAGES)
+system-test-packages: system-packages
 
 system-packages:
 	@if command -v apt-get >/dev/null && ! dpkg -s $(DEBIAN_PACKAGES) >/dev/null 2>&1; then \

@@ -40,3 +40,20 @@ def test_bench_quick(script, ratios):
     for ratio in ratios:
         assert re.search(ratio + r" +\d+\.\d+", stdout), f"no line matching {ratio!r} in:\n{output}"
     assert "WARNING" not in stdout, output
+
+
+def test_pull_bench_quick():
+    bench = subprocess.Popen([sys.executable, str(BENCH / "pull.py"), "--quick"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = bench.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(bench.pid, signal.SIGKILL)  # the registry and daemons it started go with it
+        pytest.fail(f"pull.py --quick did not finish in 120 s:\n{bench.communicate()[0]}")
+    assert bench.returncode == 0, output
+    assert re.search(r"ratio pull plugd/curl +\d+\.\d+", output), output
+
+
+def test_hybrid_bench_quick():
+    test_bench_quick("hybrid.py", [r"ratio decode \(client\) +plugd/mlx-lm in-process",
+                                   r"ratio prefill \(client\) +plugd/mlx-lm in-process"])

@@ -179,6 +179,12 @@ def cmd_run(args: argparse.Namespace) -> None:
     run(args.model, " ".join(args.prompt) if args.prompt else None, args.verbose)
 
 
+def cmd_transfer(args: argparse.Namespace) -> None:
+    from plugd.cli_transfer import transfer
+
+    transfer(args.command, args.model, args.insecure)
+
+
 def cmd_runner(args: argparse.Namespace) -> None:
     from plugd.runner.server import main
 
@@ -229,6 +235,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("prompt", nargs="*")
     p.add_argument("--verbose", action="store_true", help="print timings after each reply")
     p.set_defaults(func=cmd_run)
+
+    for verb, text in (("pull", "download a model from a registry"), ("push", "upload a model to a registry")):
+        p = sub.add_parser(verb, help=text)
+        p.add_argument("model", help="[host[:port]/]namespace/model[:tag]; registry.ollama.ai/library by default")
+        p.add_argument("--insecure", action="store_true",
+                       help="allow plain http and private addresses (an https session never goes to plain http)")
+        p.set_defaults(func=cmd_transfer)
 
     sub.add_parser("ps", help="list loaded models").set_defaults(func=cmd_ps)
     p = sub.add_parser("stop", help="unload a model")

@@ -13,7 +13,7 @@ from plugd.chat.models import UnsupportedModel
 from plugd.chat.pipeline import InvalidRequest, Services, UnparseableOutput
 from plugd.plugins import Registry
 from plugd.scheduler.scheduler import QueueFull, Scheduler
-from plugd.server import anthropic, ollama, ollama_generate, openai, openai_responses
+from plugd.server import anthropic, ollama, ollama_generate, ollama_registry, openai, openai_responses
 from plugd.server.bodies import BadRequest
 from plugd.server.errors import error_body
 from plugd.store.blobs import DigestMismatch, InvalidDigest
@@ -60,7 +60,8 @@ def create_app(store: Store, registry: Registry) -> Litestar:
     if not registry.architectures():
         log.warning("no architecture plugin is installed: models can be stored but not run")
     return Litestar(
-        route_handlers=ollama.ROUTES + ollama_generate.ROUTES + openai.ROUTES + openai_responses.ROUTES + anthropic.ROUTES,
+        route_handlers=ollama.ROUTES + ollama_generate.ROUTES + ollama_registry.ROUTES + openai.ROUTES
+        + openai_responses.ROUTES + anthropic.ROUTES,
         state=State({"services": services}),
         exception_handlers={Exception: _error_response},
         request_max_body_size=MAX_REQUEST_BYTES,

@@ -1,0 +1,146 @@
+"""Pull throughput: `plugd pull` of a ~1 GiB model from a loopback registry, against `curl` fetching the same blobs.
+
+    .venv/bin/python bench/pull.py            # ~1 GiB float32 Qwen3 checkpoint in 2 shards, 3 rounds
+    .venv/bin/python bench/pull.py --quick    # a tiny model, 1 round (the smoke test)
+
+A real registry (Debian's `docker-registry`) serves on loopback from a temporary directory. One `plugd serve`
+creates the model and pushes it there (its push rate is printed too); a second, with a store of its own,
+pulls it: POST /api/pull, streamed, timed from the request to the `success` line, the model deleted again
+between rounds so every blob is fetched. `curl` fetches the manifest and then each blob in turn, each to a
+file, as a person scripting it would. plugd does more per byte than curl: it hashes every byte (the digest
+check) and makes each blob durable (fsync) before it becomes visible. Rounds alternate which goes first;
+figures are medians. Target: plugd / curl >= 0.9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import benchlib as bl
+import httpx
+
+from plugd.registry.testing import DockerRegistry, registry_binary
+from plugd.testing.checkpoints import write_checkpoint
+from plugd.testing.server import LiveServer
+
+FULL = {"hidden_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 8,
+        "head_dim": 64, "intermediate_size": 4096}
+TARGET = 0.9
+MODEL = "bench/model:latest"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads, so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def sha256_seconds(size: int) -> float:
+    """What hashing `size` bytes costs this machine (in memory, one thread): the floor of any verified pull."""
+    block, sha = bytes(min(size, 64 << 20)), hashlib.sha256()
+    started = time.perf_counter()
+    for _ in range(-(-size // len(block))):
+        sha.update(block)
+    return time.perf_counter() - started
+
+
+def pull_with_plugd(server: LiveServer, name: str) -> float:
+    started = time.perf_counter()
+    with httpx.stream("POST", f"{server.url}/api/pull", json={"model": name}, timeout=None) as response:
+        for line in response.iter_lines():
+            item = json.loads(line)
+            if "error" in item:
+                raise RuntimeError(f"plugd pull failed: {item['error']}")
+    elapsed = time.perf_counter() - started
+    if item.get("status") != "success":
+        raise RuntimeError(f"plugd pull ended with {item}")
+    return elapsed
+
+
+def pull_with_curl(registry: DockerRegistry, directory: Path) -> float:
+    directory.mkdir()
+    base = f"{registry.url}/v2/{MODEL.split(':')[0]}"
+    accept = "Accept: application/vnd.docker.distribution.manifest.v2+json"
+    started = time.perf_counter()
+    manifest = subprocess.run(["curl", "-sSf", "-H", accept, f"{base}/manifests/latest"], check=True,
+                              capture_output=True).stdout
+    layers = json.loads(manifest)
+    for layer in [layers["config"], *layers["layers"]]:
+        subprocess.run(["curl", "-sSf", "-o", str(directory / layer["digest"]), f"{base}/blobs/{layer['digest']}"],
+                       check=True)
+    elapsed = time.perf_counter() - started
+    shutil.rmtree(directory)
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a tiny model and one round")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    if registry_binary() is None or shutil.which("curl") is None:
+        print("needs docker-registry (Debian package docker-registry) and curl", file=sys.stderr)
+        return 1
+    rounds = 1 if args.quick else args.rounds
+    bl.on_sigterm_exit()
+    with tempfile.TemporaryDirectory(prefix="plugd-bench-pull-") as tmp, ExitStack() as stack:
+        root = Path(tmp)
+        checkpoint = write_checkpoint(root / "checkpoint", "qwen3", seed=0, shards=1 if args.quick else 2,
+                                      overrides=None if args.quick else FULL)
+        size = sum(p.stat().st_size for p in checkpoint.iterdir())
+        registry = stack.enter_context(DockerRegistry(root / "registry"))
+        name = f"{registry.address}/{MODEL}"
+        source = LiveServer(root / "source")
+        stack.callback(source.stop)
+        source.cli("create", name, "--from", str(checkpoint), check=True)
+        started = time.perf_counter()
+        source.cli("push", name, check=True)
+        push_seconds = time.perf_counter() - started
+        target = LiveServer(root / "target")
+        stack.callback(target.stop)
+        plugd_times, curl_times, plugd_cpu, curl_cpu = [], [], [], []
+        for round_ in range(rounds):
+            order = ("plugd", "curl") if round_ % 2 == 0 else ("curl", "plugd")
+            for who in order:
+                if who == "plugd":
+                    cpu = cpu_seconds(target.process.pid)
+                    plugd_times.append(pull_with_plugd(target, name))
+                    plugd_cpu.append(cpu_seconds(target.process.pid) - cpu)
+                    target.cli("rm", name, check=True)
+                else:
+                    cpu = children_cpu_seconds()
+                    curl_times.append(pull_with_curl(registry, root / f"curl-{round_}"))
+                    curl_cpu.append(children_cpu_seconds() - cpu)
+        plugd_rate, curl_rate = size / bl.median(plugd_times), size / bl.median(curl_times)
+        gib = size / 2**30
+        print(f"model: {bl.mib(size)} in {len(list(checkpoint.iterdir()))} files; {rounds} round(s); "
+              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+        print(f"push plugd            {size / push_seconds / 1e6:8.1f} MB/s")
+        print(f"pull plugd            {plugd_rate / 1e6:8.1f} MB/s   ({', '.join(f'{t:.2f}' for t in plugd_times)} s; "
+              f"CPU {bl.median(plugd_cpu) / gib:.2f} s/GiB)")
+        print(f"pull curl             {curl_rate / 1e6:8.1f} MB/s   ({', '.join(f'{t:.2f}' for t in curl_times)} s; "
+              f"CPU {bl.median(curl_cpu) / gib:.2f} s/GiB)")
+        print(f"sha256 alone          {size / sha256_seconds(size) / 1e6:8.1f} MB/s   (one thread, in memory)")
+        ratio = plugd_rate / curl_rate
+        print(f"ratio pull plugd/curl {ratio:8.2f}   (target >= {TARGET}: {'met' if ratio >= TARGET else 'not met'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

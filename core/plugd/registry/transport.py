@@ -1,0 +1,155 @@
+"""Which connections a registry session may open, checked where the connection is made.
+
+Rules (see README, "Pull and push"):
+- The registry host the user named (on any port) is reached wherever its name resolves: the user chose it.
+- Any other host a registry sends plugd to (a redirect, an upload location, a token realm) must resolve only to
+  public addresses; loopback, private, link-local and other special addresses are refused unless `insecure`.
+  Names are resolved, and every address checked, each time a connection is opened, so a redirect chain is
+  checked hop by hop and a name cannot resolve to one address when checked and another when connected.
+- An https session never follows anything to plain http, `insecure` or not (`check_target`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import ssl
+import time
+
+import httpcore
+import httpx
+from attrs import define
+
+from plugd.registry.errors import RegistryError, UnsafeTarget
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+# httpcore asks the socket for 64 KiB at a time, and each read is a trip through h11 in Python; a multi-GiB blob
+# is tens of thousands of them. Reading up to this much per call cuts that Python work sixteenfold.
+READ_SIZE = 1 << 20
+MAX_CONNECTIONS = 16
+
+
+def is_loopback_host(host: str) -> bool:
+    """`localhost`, `*.localhost` or a loopback address literal: hosts that may be reached over plain http."""
+    host = host.lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _public(address: IPAddress) -> bool:
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        address = address.ipv4_mapped
+    return address.is_global and not address.is_multicast
+
+
+@define(frozen=True)
+class AddressPolicy:
+    registry_host: str
+    insecure: bool = False
+
+    def check(self, host: str, addresses: list[IPAddress]) -> None:
+        if self.insecure or host.lower() == self.registry_host.lower():
+            return
+        for address in addresses:
+            if not _public(address):
+                raise UnsafeTarget(
+                    f"refused to connect to {host} ({address}): the registry sent plugd to a non-public address; "
+                    "use --insecure only if you trust this registry and its network"
+                )
+
+
+def check_target(session: httpx.URL, target: httpx.URL) -> None:
+    """Refuse URLs of other schemes, and plain http anywhere in an https session."""
+    if target.scheme not in ("http", "https"):
+        raise UnsafeTarget(f"refused to follow the registry to {target}: only http and https are allowed")
+    if session.scheme == "https" and target.scheme == "http":
+        raise UnsafeTarget(
+            f"refused to follow the registry from https to plain http ({target}): "
+            "an https session never downgrades, not even with --insecure"
+        )
+
+
+def _resolve(host: str, port: int) -> list[IPAddress]:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise httpcore.ConnectError(f"cannot resolve {host}: {exc.strerror}") from None
+    addresses: list[IPAddress] = []
+    for info in infos:
+        address = ipaddress.ip_address(info[4][0].split("%")[0])
+        if address not in addresses:
+            addresses.append(address)
+    return addresses
+
+
+class _Stream(httpcore.NetworkStream):
+    def __init__(self, inner: httpcore.NetworkStream):
+        self.inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self.inner.read(max(max_bytes, READ_SIZE), timeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self.inner.write(buffer, timeout)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore.NetworkStream:
+        return _Stream(self.inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str):
+        return self.inner.get_extra_info(info)
+
+
+class GuardedBackend(httpcore.NetworkBackend):
+    """Resolves each host itself, checks every address against the policy, and connects to a checked address."""
+
+    def __init__(self, policy: AddressPolicy):
+        self.policy = policy
+        self.inner = httpcore.SyncBackend()
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                    socket_options=None) -> httpcore.NetworkStream:
+        addresses = _resolve(host, port)
+        self.policy.check(host, addresses)
+        error: Exception | None = None
+        for address in addresses:
+            try:
+                return _Stream(self.inner.connect_tcp(str(address), port, timeout, local_address, socket_options))
+            except httpcore.ConnectError as exc:
+                error = exc
+        raise error or httpcore.ConnectError(f"{host} has no address")
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options=None):
+        raise httpcore.ConnectError("registries are reached over TCP only")
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+class GuardedTransport(httpx.HTTPTransport):
+    def __init__(self, backend: GuardedBackend, ssl_context: ssl.SSLContext):
+        super().__init__(verify=ssl_context, trust_env=False)
+        # httpx takes no network backend of its own choosing, so its pool is rebuilt around the guarded one.
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=ssl_context, max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS,
+            keepalive_expiry=5.0, network_backend=backend,
+        )
+
+
+def ssl_context() -> ssl.SSLContext:
+    """Certificates are checked against PLUGD_CA_BUNDLE (a PEM file) when set, else as httpx does by default
+    (SSL_CERT_FILE or SSL_CERT_DIR when set, else certifi's bundle)."""
+    bundle = os.environ.get("PLUGD_CA_BUNDLE")
+    try:
+        return ssl.create_default_context(cafile=bundle) if bundle else httpx.create_ssl_context()
+    except (OSError, ssl.SSLError) as exc:
+        raise RegistryError(f"cannot read the CA bundle {bundle or os.environ.get('SSL_CERT_FILE')}: {exc}") from None

@@ -1,0 +1,105 @@
+"""Ollama's `/api/pull` and `/api/push`: a registry transfer runs on a thread of its own and its progress is
+streamed as Ollama's NDJSON status lines; a client that goes away cancels it (a pull resumes next time)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+from collections.abc import AsyncIterator, Callable
+from functools import partial
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+from attrs import define
+from litestar import Request, Response, post
+
+from plugd.registry.errors import RegistryError
+from plugd.registry.pull import pull_model
+from plugd.registry.push import push_model
+from plugd.server.bodies import BadRequest, read_body
+from plugd.server.sse import NDJSON, streamed
+from plugd.store.names import ModelName
+from plugd.store.store import Store
+
+log = logging.getLogger(__name__)
+
+Job = Callable[..., None]  # called with emit= and cancel=
+
+
+@define
+class TransferRequest:
+    model: str | None = None
+    name: str | None = None
+    insecure: bool = False
+    stream: bool = True
+
+    def model_name(self) -> ModelName:
+        if not (self.model or self.name):
+            raise BadRequest("model is required")
+        return ModelName.parse(self.model or self.name)
+
+
+def _store(request: Request) -> Store:
+    return request.app.state.services.store
+
+
+@post("/api/pull", status_code=200)
+async def pull(request: Request) -> Any:
+    body = await read_body(request, TransferRequest)
+    return await _transfer(partial(pull_model, _store(request), body.model_name(), insecure=body.insecure), body.stream)
+
+
+@post("/api/push", status_code=200)
+async def push(request: Request) -> Any:
+    body = await read_body(request, TransferRequest)
+    store, name = _store(request), body.model_name()
+    await anyio.to_thread.run_sync(store.get, name)  # an unknown model is a 404 before anything streams
+    return await _transfer(partial(push_model, store, name, insecure=body.insecure), body.stream)
+
+
+async def _transfer(job: Job, stream: bool) -> Response[Any]:
+    if stream:
+        return streamed(_progress_lines(job), NDJSON)
+    try:
+        await anyio.to_thread.run_sync(partial(job, cancel=threading.Event()))
+    except RegistryError as exc:
+        return Response({"error": str(exc)}, status_code=exc.status)
+    return Response({"status": "success"}, status_code=200)
+
+
+async def _progress_lines(job: Job) -> AsyncIterator[bytes]:
+    send, receive = anyio.create_memory_object_stream[dict[str, Any]](math.inf)
+    token = anyio.lowlevel.current_token()
+    cancel = threading.Event()
+
+    def on_loop(function: Callable[..., None], *args: Any) -> None:
+        try:
+            anyio.from_thread.run_sync(function, *args, token=token)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, RuntimeError):
+            cancel.set()  # nobody is listening any more
+
+    def run() -> None:
+        try:
+            job(emit=partial(on_loop, send.send_nowait), cancel=cancel)
+        except RegistryError as exc:
+            on_loop(send.send_nowait, {"error": str(exc)})
+        except Exception as exc:
+            log.error("transfer failed: %s", exc, exc_info=exc)
+            on_loop(send.send_nowait, {"error": str(exc) or type(exc).__name__})
+        finally:
+            on_loop(send.close)
+
+    threading.Thread(target=run, name="plugd-transfer", daemon=True).start()
+    try:
+        async with receive:
+            async for item in receive:
+                yield json.dumps(item).encode() + b"\n"
+    finally:
+        cancel.set()
+
+
+ROUTES = [pull, push]
