@@ -23,6 +23,7 @@ BENCH = Path(__file__).parents[1] / "bench"
                        r"ratio decode \(plugd own\) +plugd/mlx-lm in-process", r"ratio prefill +plugd/mlx_lm.server"]),
         ("memory.py", [r"ratio load peak RSS plugd/weights", r"ratio load peak RSS plugd/mlx-lm",
                        r"ratio generation RSS max/min"]),
+        ("constrained.py", [r"ratio decode \(client\) constrained/free", r"ratio TTFT new schema/free"]),
     ],
 )
 def test_bench_quick(script, ratios):

@@ -110,17 +110,39 @@ class StreamParser(Protocol):
 
 
 @define(frozen=True)
+class ForcedCall:
+    """How to make a model of this family call a tool, for tool_choice "required" or a named tool.
+
+    `prefix` is appended to the prompt (the family's opening of a call), the
+    model's output is constrained to the JSON Schema `schema`, and `suffix`
+    (the family's closing of a call) is fed to the parser after it.
+    """
+
+    prefix: str
+    schema: Mapping[str, Any]
+    suffix: str = ""
+
+
+@define(frozen=True)
 class Parser:
     """Makes a streaming parser for one response.
 
     `create(tools, prompt)` is given the tools offered and the rendered prompt
     text, so that a parser can tell whether the prompt already opened a
     thinking block and the output starts inside it.
+
+    `answer_after(prompt)`, when given, returns the text that ends the
+    model's thinking when the answer to this prompt comes after a thinking
+    block (None when it starts at once): a structured answer is enforced
+    from there on. `forced_call(tools)`, when given, says how a call to one
+    of `tools` is forced in the family's format.
     """
 
     name: str
     create: Callable[[Sequence[Tool], str], StreamParser]
     detect: Callable[[ModelFiles], bool] | None = None
+    answer_after: Callable[[str], str | None] | None = None
+    forced_call: Callable[[Sequence[Tool]], ForcedCall] | None = None
 
 
 @define(frozen=True)
@@ -246,6 +268,7 @@ __all__ = [
     "CachePolicy",
     "ClientRenderer",
     "ClientRequest",
+    "ForcedCall",
     "GrammarEngine",
     "HOOKS",
     "Media",

@@ -1,42 +1,70 @@
-"""Structured requests: the grammar a runner enforces for `format` or a forced tool call, or a clear refusal."""
+"""Structured requests: the grammar a runner enforces for `format` or a forced tool call, or a clear refusal.
+
+A structured request is enforced token by token by a grammar engine plugin,
+or refused: never served as free text.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from attrs import define
 
 from plugd.chat.request import ChatRequest, InvalidRequest
+from plugd.hookspecs import ForcedCall, GrammarEngine, Parser
+from plugd.plugins import Registry
 
-if TYPE_CHECKING:
-    from plugd.chat.pipeline import Services
+
+@define(frozen=True)
+class Structured:
+    """What the runner enforces for one request, and for a forced call how its prompt and output are framed."""
+
+    grammar: dict[str, Any]
+    forced_call: ForcedCall | None = None
 
 
-def grammar_for(services: Services, request: ChatRequest) -> dict[str, Any] | None:
-    """The runner's grammar for a structured request, or a clear refusal; None for free text.
-
-    A structured request is enforced token by token by a grammar engine
-    plugin, or refused: never served as free text.
-    """
-    forced_call = request.tool_choice.mode in ("required", "named")
-    if forced_call:
+def grammar_engine(registry: Registry, request: ChatRequest) -> GrammarEngine | None:
+    """The engine that will enforce this request (None for free text); refused before any model loads."""
+    forced = request.tool_choice.mode in ("required", "named")
+    if forced:
         if not request.tools:
             raise InvalidRequest(f"tool_choice {request.tool_choice.mode!r} needs tools")
         if request.tool_choice.name and request.tool_choice.name not in {t.name for t in request.tools}:
             raise InvalidRequest(f"tool_choice names {request.tool_choice.name!r}, which is not among the tools")
     structured = request.format not in (None, "")
-    if not structured and not forced_call:
+    if not structured and not forced:
         return None
     wants = "structured output (format)" if structured else f"tool_choice {request.tool_choice.mode!r}"
-    engines = services.registry.items.get("plugd_grammar_engines", [])
+    if structured and forced:
+        raise InvalidRequest("a format and a forced tool call cannot be combined")
+    engines = registry.items.get("plugd_grammar_engines", [])
     if not engines:
         raise InvalidRequest(f"{wants} is not enforced by any installed plugin; install plugd-xgrammar")
-    if forced_call:
-        raise InvalidRequest(f"{wants} is not supported yet by the installed grammar engine")
-    kind = "json" if request.format == "json" else "json_schema" if isinstance(request.format, dict) else None
-    if kind is None:
-        raise InvalidRequest(f'format must be "json" or a JSON Schema object, not {request.format!r}')
+    kind = _kind(request)
     engine = next((e for e in engines if kind in e.formats), None)
     if engine is None:
         raise InvalidRequest(f"no installed grammar engine enforces {kind} formats")
-    return {"engine": engine.name, "factory": engine.factory, "kind": kind, "format": request.format}
+    return engine
 
 
+def _kind(request: ChatRequest) -> str:
+    if request.format in (None, "") or isinstance(request.format, dict):
+        return "json_schema"
+    if request.format == "json":
+        return "json"
+    raise InvalidRequest(f'format must be "json" or a JSON Schema object, not {request.format!r}')
+
+
+def structured(engine: GrammarEngine, request: ChatRequest, parser: Parser | None, prompt: str) -> Structured:
+    """The grammar for `request`, whose rendered prompt is `prompt`, read back by the model's `parser`."""
+    base = {"engine": engine.name, "factory": engine.factory}
+    if request.tool_choice.mode in ("required", "named"):
+        if parser is None or parser.forced_call is None:
+            which = f"its parser {parser.name!r}" if parser else "it has no output parser"
+            raise InvalidRequest(f"tool_choice {request.tool_choice.mode!r} cannot be enforced for this model: "
+                                 f"{which} cannot force a tool call")
+        tools = [t for t in request.tools if request.tool_choice.name in (None, t.name)]
+        forced = parser.forced_call(tools)
+        return Structured(base | {"kind": "json_schema", "format": dict(forced.schema)}, forced)
+    after = parser.answer_after(prompt) if parser is not None and parser.answer_after is not None else None
+    return Structured(base | {"kind": _kind(request), "format": request.format, "after": after})

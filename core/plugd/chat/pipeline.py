@@ -12,12 +12,12 @@ import attrs
 from attrs import define
 
 from plugd.builtins.jinja_renderer import FALLBACK_RENDERER
-from plugd.chat.grammar import grammar_for
+from plugd.chat.grammar import grammar_engine, structured
 from plugd.chat.models import ResolvedModel, resolve
 from plugd.chat.options import completion_body, resolve_options
 from plugd.chat.request import ChatRequest, Delta, Final, InvalidRequest, ToolChoice, UnparseableOutput
 from plugd.conversation import check_conversation
-from plugd.hookspecs import ClientRenderer, ClientRequest, ParsedPiece, RenderRequest, StreamParser
+from plugd.hookspecs import ClientRenderer, ClientRequest, ParsedPiece, Parser, RenderRequest, StreamParser
 from plugd.plugins import Registry
 from plugd.scheduler.durations import parse_keep_alive
 from plugd.scheduler.runner_client import RunnerProcess
@@ -100,12 +100,15 @@ async def _fitted_prompt(render: RenderFunction, model: ResolvedModel, request: 
         del messages[droppable[0]:end]
 
 
-def _parser(services: Services, model: ResolvedModel, request: ChatRequest, prompt: str) -> StreamParser | None:
+def _parser(services: Services, model: ResolvedModel, request: ChatRequest) -> Parser | None:
+    """The model's output parser; none for a raw prompt, whose output is all content."""
     name = model.config.get("parser")
-    parser = services.registry.parsers().get(name) if name and request.raw_prompt is None else None
-    if name and parser is None and request.raw_prompt is None:
+    if not name or request.raw_prompt is not None:
+        return None
+    parser = services.registry.parsers().get(name)
+    if parser is None:
         raise InvalidRequest(f"model '{model.name}' uses parser {name!r}, which no installed plugin provides")
-    return parser.create(_tools(request), prompt) if parser else None
+    return parser
 
 
 def _has_output(pieces: list[ParsedPiece]) -> bool:
@@ -196,7 +199,7 @@ def _whole_prompt(services: Services, model: ResolvedModel, request: ChatRequest
 
 async def render_only(services: Services, request: ChatRequest) -> Prompt:
     """The prompt `request` would be given, without loading the model (and without fitting it to num_ctx)."""
-    grammar_for(services, request)
+    grammar_engine(services.registry, request)
     return _whole_prompt(services, (await _prepared(services, request)).model, request)
 
 
@@ -215,11 +218,12 @@ async def count_tokens(services: Services, request: ChatRequest) -> int:
 async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta | Final]:
     """Stream the response to `request`; a request with nothing to generate only loads (or unloads) the model."""
     started = time.perf_counter_ns()
-    grammar = grammar_for(services, request)
+    engine = grammar_engine(services.registry, request)
     prepared = await _prepared(services, request)
     model, options, keep_alive = prepared.model, prepared.options, prepared.keep_alive
     load_only = not request.messages and not request.raw_prompt
     render = None if load_only or request.raw_prompt is not None else _renderer(services, model, request)
+    parser_kind = None if load_only else _parser(services, model, request)
 
     async with services.scheduler.acquire(model, options.num_ctx, keep_alive) as loaded:
         load_duration = time.perf_counter_ns() - started
@@ -230,17 +234,26 @@ async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta |
         prompt = request.raw_prompt
         if render is not None:
             prompt = await _fitted_prompt(render, model, request, loaded.runner, options.num_ctx)
-        parser = _parser(services, model, request, prompt) or _ContentOnly()
+        parser = parser_kind.create(_tools(request), prompt) if parser_kind else _ContentOnly()
         if not request.parallel_tool_calls:
             parser = _FirstCallOnly(parser)
         body = completion_body(options, request.logprobs, request.top_logprobs) | {"prompt": prompt}
-        if grammar is not None:
-            body["grammar"] = grammar
+        forced = None
+        if engine is not None:
+            plan = structured(engine, request, parser_kind, prompt)
+            body["grammar"], forced = plan.grammar, plan.forced_call
+        if forced is not None:  # the call is opened in the prompt; the parser reads it as the model's own
+            body["prompt"] += forced.prefix
+            _parsed(lambda: parser.feed(forced.prefix))
         async for event in loaded.runner.completion(body):
             logprobs = [_logprob(event)] if request.logprobs and "token" in event else []
             text = event.get("text", "")
             if event["done"]:
-                pieces = _parsed(lambda: parser.feed(text) + parser.finish())  # noqa: B023
+                closing = forced.suffix if forced is not None and event["done_reason"] == "stop" else None
+                if forced is not None and closing is None:
+                    pieces = []  # the forced call was cut short (num_predict): no call, done_reason says why
+                else:
+                    pieces = _parsed(lambda: parser.feed(text + (closing or "")) + parser.finish())  # noqa: B023
                 if _has_output(pieces):
                     yield _delta(pieces, [])
                 yield Final(

@@ -5,6 +5,14 @@ previous completion left in the caches, prefills the rest in chunks, then
 decodes pipelined: step n+1 is dispatched to MLX before token n is read, so
 the device never waits for Python. All of it must run on one thread (MLX
 streams are thread-local).
+
+Under a grammar (structured output) the forward pass of step n+1 is still
+dispatched before token n is read; only its sampling waits for the mask, which
+depends on token n and is computed while the forward pass runs. A grammar
+ends generation only where its structure is complete (the end-of-sequence
+tokens are masked until then), so stop strings, which could only cut a
+structure short, do not apply to a structured completion; running out of
+tokens inside the structure ends it with done_reason "length".
 """
 
 from __future__ import annotations
@@ -16,7 +24,8 @@ import attrs
 import mlx.core as mx
 import mlx.nn as nn
 
-from plugd.runner.sampling import Sampler, SamplingParams
+from plugd.runner.grammar import GrammarRefused, TokenMask
+from plugd.runner.sampling import NEGATIVE_INFINITY, Sampler, SamplingParams
 from plugd.runner.stops import StopMatcher
 from plugd.runner.tokenizer import Detokenizer, Tokenizer
 
@@ -124,8 +133,9 @@ class _PendingToken:
         event = TokenEvent("", self.token.item())
         if self.logprob is not None:
             event.logprob = self.logprob.item()
-        if self.top_ids is not None:
-            event.top_logprobs = list(zip(self.top_ids.tolist(), self.top_logprobs.tolist()))
+        if self.top_ids is not None:  # tokens a grammar ruled out have no probability, so no place among them
+            event.top_logprobs = [(t, lp) for t, lp in zip(self.top_ids.tolist(), self.top_logprobs.tolist())
+                                  if lp != NEGATIVE_INFINITY]
         return event
 
 
@@ -159,19 +169,32 @@ class Engine:
         self.tokenizer = tokenizer
         self.prefill_chunk = prefill_chunk
         self.cache = PromptCache(model)
+        # Only the output's shape is read: MLX builds the graph without computing it.
+        self.logits_width: int = model(mx.zeros((1, 1), mx.int32), cache=model.make_cache()).shape[-1]
 
-    def complete(self, request: CompletionRequest, cancelled: Callable[[], bool]) -> Iterator[TokenEvent | DoneEvent]:
-        """Token events, then one DoneEvent. `cancelled` is polled between prefill chunks and decode steps."""
+    def complete(
+        self, request: CompletionRequest, cancelled: Callable[[], bool], grammar: Callable[[], TokenMask] | None = None
+    ) -> Iterator[TokenEvent | DoneEvent]:
+        """Token events, then one DoneEvent. `cancelled` is polled between prefill chunks and decode steps.
+
+        `grammar`, for structured output, gives the request's TokenMask; it is called once the prefill is
+        done, so that compiling the grammar can overlap the prefill.
+        """
         prompt = fit_context(request.tokens, request.num_ctx, request.num_keep)
         if not prompt:
             raise ValueError("a completion needs at least one prompt token")
         try:
-            yield from self._complete(prompt, request, cancelled)
+            yield from self._complete(prompt, request, cancelled, grammar)
+        except GrammarRefused:
+            raise  # refused between prefill and decode: the caches are whole
         except Exception:
             self.cache.reset()  # a step that failed half-way leaves caches and tokens out of step
             raise
 
-    def _complete(self, prompt: list[int], request: CompletionRequest, cancelled: Callable[[], bool]):
+    def _complete(
+        self, prompt: list[int], request: CompletionRequest, cancelled: Callable[[], bool],
+        grammar: Callable[[], TokenMask] | None,
+    ):
         tally = _Tally(len(prompt))
         self.cache.reserve(request.num_ctx)
         if not self._prefill(prompt, tally, cancelled):
@@ -182,7 +205,8 @@ class Engine:
         if budget <= 0:
             yield tally.done("length")
             return
-        yield from self._decode(prompt, request, budget, tally, cancelled)
+        mask = grammar() if grammar is not None else None
+        yield from self._decode(prompt, request, budget, tally, cancelled, mask)
 
     def _prefill(self, prompt: list[int], tally: _Tally, cancelled: Callable[[], bool]) -> bool:
         """Bring the caches up to all but the last prompt token, chunk by chunk; False when cancelled."""
@@ -195,21 +219,32 @@ class Engine:
         return True
 
     def _decode(
-        self, prompt: list[int], request: CompletionRequest, budget: int, tally: _Tally, cancelled: Callable[[], bool]
+        self, prompt: list[int], request: CompletionRequest, budget: int, tally: _Tally, cancelled: Callable[[], bool],
+        mask: TokenMask | None,
     ) -> Iterator[TokenEvent | DoneEvent]:
         """Generate up to `budget` tokens from the last prompt token, each step dispatched before the last is read."""
         sampler = Sampler(request.sampling, prompt, request.num_ctx)
         top_n = request.top_logprobs if request.logprobs else 0
-        pending = self._dispatch(mx.array(prompt[-1:], mx.int32), sampler, request.logprobs, top_n)
+
+        def sample(logits: mx.array) -> _PendingToken:
+            return self._sample(logits, sampler, mask.allowed() if mask else None, request.logprobs, top_n)
+
+        pending = sample(self._forward(mx.array(prompt[-1:], mx.int32)))
         self.cache.tokens.append(prompt[-1])
         tally.prompt_eval_count += 1
-        detokenizer, stops = Detokenizer(self.tokenizer), StopMatcher(request.stop)
+        detokenizer, stops = Detokenizer(self.tokenizer), StopMatcher(request.stop if mask is None else ())
         while True:
             if cancelled():
                 yield tally.done("cancel")
                 return
             more = tally.eval_count + 1 < budget
-            following = self._dispatch(pending.token, sampler, request.logprobs, top_n) if more else None
+            logits = following = None
+            if more:
+                logits = self._forward(pending.token)
+                if mask is None:
+                    following = sample(logits)
+                else:
+                    mx.async_eval(logits)  # runs while the grammar works out what token n allows next
             event = pending.read()
             if tally.first_token_ns is None:
                 tally.first_token_ns = time.perf_counter_ns()
@@ -221,7 +256,12 @@ class Engine:
             if event.token in self.tokenizer.eos_ids:
                 yield tally.done("stop", _remaining_text(detokenizer, stops))
                 return
-            event.text = stops.feed(detokenizer.add(event.token))
+            text = detokenizer.add(event.token)
+            if mask is not None:
+                mask.accept(event.token, text)
+                if more:
+                    following = sample(logits)
+            event.text = stops.feed(text)
             yield event
             if stops.stopped:
                 yield tally.done("stop")
@@ -231,10 +271,15 @@ class Engine:
                 return
             pending = following
 
-    def _dispatch(self, tokens: mx.array, sampler: Sampler, logprobs: bool, top_n: int) -> _PendingToken:
-        """Feed `tokens` (1-D, possibly not yet computed) to the model and start computing the next token."""
-        logits = self.model(tokens.reshape(1, -1), cache=self.cache.layers)[0, -1]
-        token, distribution = sampler(logits)
+    def _forward(self, tokens: mx.array) -> mx.array:
+        """The next-token logits after feeding `tokens` (1-D, possibly not yet computed) to the model; lazy."""
+        return self.model(tokens.reshape(1, -1), cache=self.cache.layers)[0, -1]
+
+    def _sample(
+        self, logits: mx.array, sampler: Sampler, allowed: mx.array | None, logprobs: bool, top_n: int
+    ) -> _PendingToken:
+        """Start computing the token drawn from `logits` (and its log-probabilities)."""
+        token, distribution = sampler(logits, allowed)
         chosen = distribution[token] if logprobs else None
         top_ids = top_logprobs = None
         top_n = min(top_n, distribution.shape[-1])

@@ -1,9 +1,9 @@
 """Choosing the next token from the model's logits, as llama.cpp and Ollama do.
 
-Order: repetition penalties over the recent tokens, then (unless greedy) the
-top-k, top-p and min-p filters on the penalised distribution, then the
-temperature and a categorical draw. Temperature 0 is greedy: the argmax of the
-penalised logits.
+Order: a grammar's mask, if any, then repetition penalties over the recent
+tokens, then (unless greedy) the top-k, top-p and min-p filters on the
+penalised distribution, then the temperature and a categorical draw.
+Temperature 0 is greedy: the argmax of the penalised logits.
 
 Everything stays lazy (MLX arrays, no reads), so the next decode step can be
 dispatched before this token is known.
@@ -94,14 +94,18 @@ class Sampler:
         seed = params.seed if params.seed is not None and params.seed >= 0 else random.getrandbits(63)
         self._key = mx.random.key(seed)
 
-    def __call__(self, logits: mx.array) -> tuple[mx.array, mx.array]:
+    def __call__(self, logits: mx.array, allowed: mx.array | None = None) -> tuple[mx.array, mx.array]:
         """(token id as an int32 scalar, log-probabilities over the vocabulary), both lazy.
 
-        The log-probabilities are those of the penalised distribution, before the
-        filters and the temperature: what the model, with penalties, thinks of
-        each token.
+        `allowed` (booleans over the vocabulary) is a grammar's mask: every other
+        token gets probability 0 before anything else, so penalties, filters and
+        log-probabilities all see the masked distribution. The log-probabilities
+        are those of the masked, penalised distribution, before the filters and
+        the temperature: what the model, with penalties, thinks of each token.
         """
         logits = logits.astype(mx.float32)
+        if allowed is not None:
+            logits = mx.where(allowed, logits, NEGATIVE_INFINITY)
         if self._window and self._recent.size:
             logits = apply_penalties(logits, self._recent, self.params)
         logprobs = logits - mx.logsumexp(logits)

@@ -3,6 +3,10 @@
 Routes: GET /status (memory figures), POST /completion (NDJSON events),
 POST /tokenize, POST /detokenize. All MLX work runs on one dedicated thread,
 since MLX streams are thread-local; completions queue behind each other there.
+
+A completion with a "grammar" starts its prefill and its grammar's compilation
+together; a grammar that cannot be enforced is answered with status 400 before
+any output, and the prefill it started stays in the cache for the next request.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,7 @@ from litestar.datastructures import State
 from litestar.response import Stream
 
 from plugd.runner.generate import CompletionRequest, DoneEvent, Engine, TokenEvent
+from plugd.runner.grammar import GrammarRefused, Grammars, GrammarSpec, GrammarVocabulary, TokenMaskFactory
 from plugd.runner.loading import load_model
 from plugd.runner.tokenizer import Tokenizer
 from plugd.types import structure
@@ -46,6 +51,7 @@ class ModelHost:
         started = time.perf_counter()
         self.engine: Engine = self.mlx.submit(self._load, model_dir, module).result()
         self.load_seconds = time.perf_counter() - started
+        self.grammars = Grammars(lambda: GrammarVocabulary.of(self.engine.tokenizer, self.engine.logits_width))
 
     @staticmethod
     def _load(model_dir: Path, module: str) -> Engine:
@@ -62,39 +68,7 @@ class ModelHost:
             "mlx_peak": mx.get_peak_memory(),
         }
 
-    async def stream(self, request: CompletionRequest, prompt: str | None) -> AsyncIterator[bytes]:
-        """Run a completion on the MLX thread, yielding NDJSON lines; stopping early cancels it.
-
-        `prompt`, when given, is tokenized there and replaces `request.tokens`.
-        """
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-        cancelled = threading.Event()
-
-        def produce() -> None:
-            try:
-                if prompt is not None:
-                    request.tokens = self.engine.tokenizer.encode(prompt)
-                for event in self.engine.complete(request, cancelled.is_set):
-                    loop.call_soon_threadsafe(events.put_nowait, event)
-            except Exception as exc:  # reported to the daemon as an error line
-                log.exception("completion failed")
-                loop.call_soon_threadsafe(events.put_nowait, exc)
-            loop.call_soon_threadsafe(events.put_nowait, None)
-
-        work = loop.run_in_executor(self.mlx, produce)
-        try:
-            while (event := await events.get()) is not None:
-                if isinstance(event, Exception):
-                    yield _line({"error": f"generation failed: {event}"})
-                    continue
-                yield _line(self._event_json(event))
-        finally:
-            cancelled.set()
-            await work
-
-
-    def _event_json(self, event: TokenEvent | DoneEvent) -> dict[str, Any]:
+    def event_json(self, event: TokenEvent | DoneEvent) -> dict[str, Any]:
         if isinstance(event, DoneEvent):
             return attrs.asdict(event) | {"done": True}
         token_text = self.engine.tokenizer.token_text
@@ -106,6 +80,53 @@ class ModelHost:
             "logprob": event.logprob,
             "top_logprobs": [[token_text(t), lp] for t, lp in event.top_logprobs],
         }
+
+
+class Completion:
+    """One completion, started on the MLX thread at once, its events queued for the HTTP response.
+
+    `prompt`, when given, is tokenized there and replaces `request.tokens`; `grammar` (being compiled) is
+    waited for only once the prefill is done.
+    """
+
+    def __init__(self, host: ModelHost, request: CompletionRequest, prompt: str | None,
+                 grammar: Future[TokenMaskFactory] | None):
+        self._host = host
+        self._loop = asyncio.get_running_loop()
+        self._events: asyncio.Queue = asyncio.Queue()
+        self._cancelled = threading.Event()
+        self._work = self._loop.run_in_executor(host.mlx, self._produce, request, prompt, grammar)
+
+    def _produce(self, request: CompletionRequest, prompt: str | None, grammar: Future[TokenMaskFactory] | None) -> None:
+        put = self._events.put_nowait
+        try:
+            if prompt is not None:
+                request.tokens = self._host.engine.tokenizer.encode(prompt)
+            mask = None if grammar is None else lambda: grammar.result()()
+            for event in self._host.engine.complete(request, self._cancelled.is_set, mask):
+                self._loop.call_soon_threadsafe(put, event)
+        except GrammarRefused:
+            pass  # the request was already answered with the refusal
+        except Exception as exc:  # reported to the daemon as an error line
+            log.exception("completion failed")
+            self._loop.call_soon_threadsafe(put, exc)
+        self._loop.call_soon_threadsafe(put, None)
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        """The completion's NDJSON lines; stopping early cancels it."""
+        try:
+            while (event := await self._events.get()) is not None:
+                if isinstance(event, Exception):
+                    yield _line({"error": f"generation failed: {event}"})
+                    continue
+                yield _line(self._host.event_json(event))
+        finally:
+            await self.cancel()
+
+    async def cancel(self) -> None:
+        """Stop at the next prefill chunk or decode step, and wait until the MLX thread is done with it."""
+        self._cancelled.set()
+        await self._work
 
 
 def _return_freed_heap() -> None:
@@ -137,11 +158,31 @@ async def status(request: Request) -> dict[str, Any]:
 
 
 @post("/completion", status_code=200)
-async def completion(request: Request) -> Stream:
+async def completion(request: Request) -> Response[Any] | Stream:
     data = await request.json()
     prompt = data.pop("prompt", None)
+    grammar_data = data.pop("grammar", None)
     body = structure({"tokens": []} | data, CompletionRequest)
-    return Stream(_host(request).stream(body, prompt), media_type="application/x-ndjson")
+    host = _host(request)
+    try:
+        grammar = None if grammar_data is None else host.grammars.compile(GrammarSpec.parse(grammar_data))
+    except GrammarRefused as exc:
+        return _refusal(exc)
+    running = Completion(host, body, prompt, grammar)
+    if grammar is not None:
+        try:
+            await asyncio.wrap_future(grammar)
+        except BaseException as exc:
+            await running.cancel()
+            if isinstance(exc, GrammarRefused):
+                return _refusal(exc)
+            raise
+    return Stream(running.lines(), media_type="application/x-ndjson")
+
+
+def _refusal(exc: GrammarRefused) -> Response[Any]:
+    """A format the runner cannot enforce: a client error, answered before any output."""
+    return Response({"error": str(exc), "kind": "grammar_refused"}, status_code=400)
 
 
 @post("/tokenize", status_code=200)

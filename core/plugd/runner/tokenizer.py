@@ -46,6 +46,11 @@ class Tokenizer:
         bos_id = _token_id(tokenizer, config.get("bos_token")) if config.get("add_bos_token") else None
         return cls(tokenizer, eos_ids, bos_id)
 
+    @property
+    def added_ids(self) -> frozenset[int]:
+        """Ids of the added tokens (control tokens such as <|im_end|> and <think>), which plain text never holds."""
+        return frozenset(self._added_texts)
+
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, special tokens written in it included; the BOS first when the model wants one."""
         ids = self._tokenizer.encode(text, add_special_tokens=False).ids

@@ -24,6 +24,10 @@ class RunnerError(RuntimeError):
     """The runner failed to load, died, or answered with an error."""
 
 
+class RunnerRejected(RunnerError):
+    """The runner refused the request as given (HTTP 400): a format it cannot enforce, say."""
+
+
 def runner_env() -> dict[str, str]:
     env = dict(os.environ)
     # MLX's Linux CPU wheel links a reference BLAS; a system OpenBLAS loaded first serves the same
@@ -130,6 +134,9 @@ class RunnerProcess:
         """The runner's NDJSON events; a runner that dies mid-stream raises RunnerError."""
         try:
             async with self.http.stream("POST", "/completion", json=body) as response:
+                if response.status_code == 400:
+                    await response.aread()
+                    raise RunnerRejected(response.json().get("error", response.text))
                 async for line in response.aiter_lines():
                     if line:
                         event = json.loads(line)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+from plugd.hookspecs import ForcedCall
 from plugd.parsing import ParseError, parse_json_arguments
 from plugd.types import Tool, ToolCall
 
@@ -29,3 +30,12 @@ def read_call(body: str, tools: Mapping[str, Tool]) -> ToolCall:
     if not isinstance(arguments, dict):
         raise ParseError(f"the arguments of the call to {name!r} are not a JSON object")
     return ToolCall(name=name, arguments=arguments)
+
+
+def forced_call(tools: Sequence[Tool]) -> ForcedCall:
+    """A call to one of `tools`: the tags around a JSON object naming the tool, its arguments per its schema."""
+    calls = [{"type": "object", "properties": {"name": {"const": tool.name},
+                                               "arguments": tool.parameters or {"type": "object"}},
+              "required": ["name", "arguments"], "additionalProperties": False} for tool in tools]
+    return ForcedCall(prefix="<tool_call>\n", schema=calls[0] if len(calls) == 1 else {"anyOf": calls},
+                      suffix="\n</tool_call>")

@@ -27,6 +27,11 @@ def prompt_opens_thinking(prompt: str) -> bool:
     return last_turn.rfind(THINK_OPEN) > last_turn.rfind(THINK_CLOSE)
 
 
+def answer_after(prompt: str) -> str | None:
+    """Where a structured answer starts: after </think> when the prompt opened a thinking block, else at once."""
+    return THINK_CLOSE if prompt_opens_thinking(prompt) else None
+
+
 class QwenStreamParser:
     """Splits a Qwen response into thinking, content and tool calls as it streams.
 

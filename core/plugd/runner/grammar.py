@@ -1,0 +1,187 @@
+"""Structured output in the runner: grammar engines found by import path, compiled off the MLX thread, one
+token mask per decode step.
+
+A grammar engine plugin (hook `plugd_grammar_engines`) names a factory `module:callable`. The daemon never
+imports it; the runner calls it once per model with the model's `GrammarVocabulary` and gets a compiler:
+
+    compiler.compile(kind, format) -> compiled    # kind "json" or "json_schema"; raises GrammarRefused,
+                                                  # naming what it cannot enforce, instead of ignoring it
+    compiled.matcher() -> matcher                 # one per request:
+        matcher.fill_mask(bitmask)                # bit t of bitmask[t // 32] set <=> token t may come next;
+                                                  # stop ids only once the output is complete
+        matcher.accept(token) -> bool             # False: the token breaks the grammar
+
+The bitmask is numpy int32, ceil(width / 32) words, little-endian bit order within each word.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol
+
+import attrs
+import mlx.core as mx
+import numpy as np
+
+from plugd.runner.tokenizer import Tokenizer
+
+KINDS = ("json", "json_schema")
+
+
+class GrammarRefused(ValueError):
+    """The request's format cannot be enforced (an unsupported schema feature, a malformed grammar spec)."""
+
+
+@attrs.frozen
+class GrammarVocabulary:
+    """What a grammar engine needs to know of a model's tokens.
+
+    `token_bytes[t]` is the text token `t` adds to the output; it is b"" for ids that never belong in
+    structured text: control and other added tokens (`<|im_end|>`, `<think>`) and ids past the tokenizer's
+    vocabulary (the model's logits may be wider). `stop_ids` end generation.
+    """
+
+    token_bytes: list[bytes]
+    stop_ids: frozenset[int]
+
+    @property
+    def width(self) -> int:
+        return len(self.token_bytes)
+
+    @classmethod
+    def of(cls, tokenizer: Tokenizer, width: int) -> GrammarVocabulary:
+        """The vocabulary of `tokenizer` over a model whose logits have `width` entries."""
+        added = tokenizer.added_ids
+        usable = min(width, tokenizer.vocab_size)
+        token_bytes = [b"" if t in added else tokenizer.token_bytes(t) for t in range(usable)]
+        token_bytes += [b""] * (width - usable)
+        return cls(token_bytes, frozenset(t for t in tokenizer.eos_ids if t < width))
+
+
+class Matcher(Protocol):
+    def fill_mask(self, bitmask: np.ndarray) -> None: ...
+
+    def accept(self, token: int) -> bool: ...
+
+
+class Compiled(Protocol):
+    def matcher(self) -> Matcher: ...
+
+
+class Compiler(Protocol):
+    def compile(self, kind: str, format: Any) -> Compiled: ...
+
+
+@attrs.frozen
+class GrammarSpec:
+    """A completion body's "grammar": which engine, what to enforce, and from which text on."""
+
+    factory: str  # "module:callable"
+    kind: str
+    format: Any
+    after: str | None = None  # enforce only once the output contains this text (the end of a thinking block)
+
+    @classmethod
+    def parse(cls, data: Mapping[str, Any]) -> GrammarSpec:
+        if not isinstance(data, Mapping):
+            raise GrammarRefused("grammar must be an object")
+        factory, kind, after = data.get("factory"), data.get("kind"), data.get("after")
+        if not isinstance(factory, str) or ":" not in factory:
+            raise GrammarRefused(f"grammar factory must be 'module:callable', not {factory!r}")
+        if kind not in KINDS:
+            raise GrammarRefused(f"grammar kind must be one of {', '.join(KINDS)}, not {kind!r}")
+        if after is not None and (not isinstance(after, str) or not after):
+            raise GrammarRefused("grammar 'after' must be a non-empty string")
+        return cls(factory, kind, data.get("format"), after)
+
+
+class Grammars:
+    """Compiles requests' grammars on a worker thread of its own, so compilation overlaps the prefill.
+
+    One compiler per engine factory is made for this model, on first use, and kept: it holds the engine's
+    view of the vocabulary and its cache of compiled grammars.
+    """
+
+    def __init__(self, vocabulary: Callable[[], GrammarVocabulary]):
+        self._vocabulary = vocabulary
+        self._built: GrammarVocabulary | None = None
+        self._compilers: dict[str, Compiler] = {}
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
+
+    def compile(self, spec: GrammarSpec) -> Future[TokenMaskFactory]:
+        """Start compiling `spec`; the future's result makes one request's TokenMask, or raises GrammarRefused."""
+        return self._worker.submit(self._compile, spec)
+
+    def _compile(self, spec: GrammarSpec) -> TokenMaskFactory:
+        if self._built is None:
+            self._built = self._vocabulary()
+        compiler = self._compilers.get(spec.factory)
+        if compiler is None:
+            compiler = self._compilers[spec.factory] = _load_factory(spec.factory)(self._built)
+        compiled = compiler.compile(spec.kind, spec.format)
+        return TokenMaskFactory(compiled, self._built.width, self._built.stop_ids, spec.after)
+
+
+def _load_factory(path: str) -> Callable[[GrammarVocabulary], Compiler]:
+    module, _, name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise GrammarRefused(f"grammar engine {path!r} is not available in the runner: {exc}") from None
+
+
+@attrs.frozen
+class TokenMaskFactory:
+    compiled: Compiled
+    width: int
+    stop_ids: frozenset[int]
+    after: str | None
+
+    def __call__(self) -> TokenMask:
+        return TokenMask(self.compiled.matcher(), self.width, self.stop_ids, self.after)
+
+
+class TokenMask:
+    """One request's grammar state: which tokens may come next, as a boolean MLX array over the logits.
+
+    With `after`, output is free (except that it may not end) until the text `after` has been generated; the
+    grammar applies from the next token on.
+    """
+
+    def __init__(self, matcher: Matcher, width: int, stop_ids: frozenset[int], after: str | None = None):
+        self._matcher = matcher
+        self._width = width
+        self._bitmask = np.zeros(math.ceil(width / 32), np.int32)
+        self._waiting_for = after
+        self._seen = ""
+        if after is not None:
+            free = np.ones(width, np.bool_)
+            free[sorted(stop_ids)] = False
+            self._free = mx.array(free)
+
+    @property
+    def active(self) -> bool:
+        return self._waiting_for is None
+
+    def allowed(self) -> mx.array:
+        """The tokens the next step may choose (lazy), given every token accepted so far."""
+        if not self.active:
+            return self._free
+        self._matcher.fill_mask(self._bitmask)
+        bits = np.unpackbits(self._bitmask.view(np.uint8), count=self._width, bitorder="little")
+        return mx.array(bits.view(np.bool_))
+
+    def accept(self, token: int, text: str) -> None:
+        """Advance past the chosen token, whose text (as detokenized so far) is `text`."""
+        if self.active:
+            if not self._matcher.accept(token):
+                raise RuntimeError(f"the grammar rejected token {token}, which its own mask allowed")
+            return
+        seen = self._seen + text
+        if self._waiting_for in seen:
+            self._waiting_for = None
+        else:  # only a tail shorter than the marker can still become part of it
+            self._seen = seen[len(seen) - len(self._waiting_for) + 1 :]

@@ -1,0 +1,116 @@
+"""JSON Schema features that xgrammar accepts but silently does not enforce, found by probing it with instances
+that break them (tests/test_coverage.py keeps those probes). A schema using one is refused, never served as if
+it were enforced.
+
+What xgrammar approximates *with* a warning (oneOf branches it cannot prove disjoint, allOf of several
+schemas, regex lookaheads, non-local $refs, multipleOf on numbers, length limits next to a pattern or a
+format) is caught from its warnings instead (see `native_log`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+# Keywords xgrammar ignores without a word, whatever their value (False: unless the value is a no-op).
+IGNORED = {"not": None, "contains": None, "minContains": None, "maxContains": None, "dependencies": None,
+           "dependentRequired": None, "dependentSchemas": None, "then": None, "else": None,
+           "uniqueItems": False, "unevaluatedProperties": True}
+# The formats JSON Schema itself defines (draft 2020-12). Any other format name is an annotation that no
+# validator can check, and is accepted as one.
+STANDARD_FORMATS = frozenset({
+    "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname", "ipv4", "ipv6",
+    "uri", "uri-reference", "iri", "iri-reference", "uuid", "uri-template", "json-pointer",
+    "relative-json-pointer", "regex",
+})
+# Drafts in which keywords beside a $ref are ignored (by the specification, so by xgrammar rightly).
+_REF_OVERRIDES_SIBLINGS = re.compile(r"json-schema\.org/(draft-0[3-7]/)")
+_VALIDATION = frozenset({
+    "type", "enum", "const", "properties", "patternProperties", "additionalProperties", "required", "propertyNames",
+    "minProperties", "maxProperties", "items", "prefixItems", "additionalItems", "minItems", "maxItems",
+    "uniqueItems", "contains", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+    "minLength", "maxLength", "pattern", "format", "allOf", "anyOf", "oneOf", "not", "if", "then", "else",
+    "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties", "unevaluatedItems",
+})
+# Keywords whose value is a schema, a list of schemas, or a map of names to schemas.
+_ONE_SCHEMA = ("items", "additionalItems", "additionalProperties", "propertyNames", "contains", "not", "if", "then",
+               "else", "unevaluatedItems", "unevaluatedProperties")
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_SCHEMA_MAPS = ("properties", "patternProperties", "definitions", "$defs", "dependentSchemas", "dependencies")
+
+
+def unenforced_features(schema: Any, format_enforced: Callable[[str], bool]) -> list[str]:
+    """What in `schema` xgrammar would not enforce, each named with where it is ("'not' at /properties/x")."""
+    ref_siblings_apply = not (isinstance(schema, dict) and _REF_OVERRIDES_SIBLINGS.search(str(schema.get("$schema"))))
+    problems = []
+    for pointer, node in subschemas(schema, ""):
+        found = _ignored_keywords(node) + _format_problems(node, format_enforced) + _property_name_problems(node)
+        if ref_siblings_apply and "$ref" in node and (siblings := sorted(node.keys() & _VALIDATION)):
+            found.append(f"keywords beside $ref ({', '.join(siblings)})")
+        problems += [f"{problem} at {pointer or '/'}" for problem in found]
+    return problems
+
+
+def _ignored_keywords(node: dict[str, Any]) -> list[str]:
+    found = []
+    for keyword, no_op in IGNORED.items():
+        if keyword in node and node[keyword] != no_op:
+            found.append(f"'{keyword}'")
+    for bound in ("exclusiveMinimum", "exclusiveMaximum"):
+        if isinstance(node.get(bound), bool):
+            found.append(f"'{bound}' as a boolean (draft-04)")
+    return found
+
+
+def _format_problems(node: dict[str, Any], format_enforced: Callable[[str], bool]) -> list[str]:
+    fmt = node.get("format")
+    if fmt not in STANDARD_FORMATS:
+        return []
+    types = node.get("type")
+    if not format_enforced(fmt):
+        return [f"format {fmt!r}"]
+    if "string" not in (types if isinstance(types, list) else [types]):
+        return [f"format {fmt!r} without type 'string'"]
+    if "pattern" in node:
+        return [f"format {fmt!r} together with a pattern"]
+    return []
+
+
+def _property_name_problems(node: dict[str, Any]) -> list[str]:
+    """xgrammar gives a property one schema: `properties` or else a matching pattern, never both."""
+    properties, patterns = node.get("properties") or {}, node.get("patternProperties") or {}
+    found = [f"property {name!r} matching patternProperties {pattern!r}"
+             for name in properties for pattern in patterns if _matches(pattern, name)]
+    if "propertyNames" in node and (properties or patterns):
+        found.append("'propertyNames' together with properties or patternProperties")
+    return found
+
+
+def _matches(pattern: str, name: str) -> bool:
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        return True  # a pattern Python cannot read might match: assume it does
+
+
+def subschemas(node: Any, pointer: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every schema object in `node`, with its JSON pointer; data (enum, const, default, examples) is skipped."""
+    if not isinstance(node, dict):
+        return
+    yield pointer, node
+    for keyword in _ONE_SCHEMA:
+        if isinstance(node.get(keyword), dict):
+            yield from subschemas(node[keyword], f"{pointer}/{keyword}")
+    for keyword in _SCHEMA_LISTS:
+        if isinstance(node.get(keyword), list):
+            for i, item in enumerate(node[keyword]):
+                yield from subschemas(item, f"{pointer}/{keyword}/{i}")
+    for keyword in _SCHEMA_MAPS:
+        if isinstance(node.get(keyword), dict):
+            for name, item in node[keyword].items():
+                yield from subschemas(item, f"{pointer}/{keyword}/{_escape(name)}")
+
+
+def _escape(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")

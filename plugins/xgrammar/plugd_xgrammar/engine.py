@@ -1,0 +1,112 @@
+"""The runner side: xgrammar compiles a format against the model's vocabulary and matches each request's tokens.
+
+Imported only by a runner (through the factory path the plugin declares), since xgrammar imports torch.
+
+Choices, for every schema alike:
+- JSON is written compactly (no free whitespace: a model cannot stall in blank space), separators ", " / ": ".
+- A schema means what JSON Schema says: properties it does not close may appear, arrays without `items` take
+  any items (xgrammar's "strict mode", which would forbid both, is off). `format: "json"` is any JSON object.
+- Dates and times are real ones (see `formats`), not just digits in the right places.
+- A schema feature xgrammar would not enforce (see `coverage`, and the warnings it logs) refuses the request.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from functools import cache
+from typing import Any
+
+import numpy as np
+import xgrammar as xgr
+
+from plugd.runner.grammar import GrammarRefused, GrammarVocabulary
+from plugd_xgrammar.coverage import unenforced_features
+from plugd_xgrammar.formats import with_exact_formats
+from plugd_xgrammar.native_log import native_message, with_native_warnings
+
+ANY_JSON_OBJECT = {"type": "object"}
+CACHED_GRAMMARS = 64
+
+
+class XGrammarMatcher:
+    def __init__(self, matcher: xgr.GrammarMatcher):
+        self._matcher = matcher
+
+    def fill_mask(self, bitmask: np.ndarray) -> None:
+        self._matcher.fill_next_token_bitmask(bitmask)
+
+    def accept(self, token: int) -> bool:
+        return self._matcher.accept_token(token)
+
+
+class XGrammarCompiled:
+    def __init__(self, compiled: xgr.CompiledGrammar):
+        self._compiled = compiled
+
+    def matcher(self) -> XGrammarMatcher:
+        return XGrammarMatcher(xgr.GrammarMatcher(self._compiled))
+
+
+class XGrammarEngine:
+    """One model's compiler; it keeps the last CACHED_GRAMMARS compiled formats (and refusals) by their JSON,
+    with the token masks their requests have worked out so far."""
+
+    def __init__(self, vocabulary: GrammarVocabulary):
+        info = xgr.TokenizerInfo(vocabulary.token_bytes, xgr.VocabType.RAW, vocab_size=vocabulary.width,
+                                 stop_token_ids=sorted(vocabulary.stop_ids) or None)
+        # Token masks are worked out per grammar state on first use, not all at compile time: a large
+        # vocabulary makes the eager way take seconds to a minute per schema, and a request visits few states.
+        self._compiler = xgr.GrammarCompiler(info, cache_enabled=False, enable_dynamic_compilation=True)
+        self._cache: OrderedDict[str, XGrammarCompiled | GrammarRefused] = OrderedDict()
+
+    def compile(self, kind: str, format: Any) -> XGrammarCompiled:
+        schema = ANY_JSON_OBJECT if kind == "json" else format
+        if not isinstance(schema, dict | bool):
+            raise GrammarRefused(f"a JSON schema must be an object or a boolean, not {type(schema).__name__}")
+        key = json.dumps(schema, sort_keys=True)
+        result = self._cache.pop(key, None) or self._compile(key)
+        self._cache[key] = result
+        while len(self._cache) > CACHED_GRAMMARS:
+            self._cache.popitem(last=False)
+        if isinstance(result, GrammarRefused):
+            raise result
+        return result
+
+    def _compile(self, key: str) -> XGrammarCompiled | GrammarRefused:
+        try:
+            return XGrammarCompiled(self._compiler.compile_grammar(to_grammar(key)))
+        except GrammarRefused as refusal:
+            return refusal
+
+
+def to_grammar(schema_json: str) -> xgr.Grammar:
+    """xgrammar's grammar for a JSON schema, or GrammarRefused naming what it would not enforce."""
+    schema = json.loads(schema_json)
+    problems = unenforced_features(schema, format_enforced)
+    exact = json.dumps(with_exact_formats(schema))
+    try:
+        grammar, warnings = with_native_warnings(lambda: _convert(exact))
+        problems += warnings
+    except RuntimeError as exc:  # xgrammar's errors for what it cannot convert at all
+        problems.append(f"{native_message(exc)} (xgrammar cannot compile it)")
+    if problems:
+        raise GrammarRefused("xgrammar cannot enforce this JSON schema: " + "; ".join(problems))
+    return grammar
+
+
+def _convert(schema_json: str) -> xgr.Grammar:
+    return xgr.Grammar.from_json_schema(schema_json, any_whitespace=False, strict_mode=False)
+
+
+@cache
+def format_enforced(name: str) -> bool:
+    """Whether xgrammar constrains strings of this `format` (it ignores formats it does not know): a single
+    space, which no standard format allows but `regex`, must not get through."""
+    grammar = _convert(json.dumps({"type": "string", "format": name}))
+    return not xgr.GrammarMatcher(_byte_compiler().compile_grammar(grammar)).accept_string('" "')
+
+
+@cache
+def _byte_compiler() -> xgr.GrammarCompiler:
+    return xgr.GrammarCompiler(xgr.TokenizerInfo([bytes([b]) for b in range(256)], vocab_size=256))

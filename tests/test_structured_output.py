@@ -1,0 +1,242 @@
+"""Structured output is enforced token by token (plugd-xgrammar), or refused with a clear error: never ignored.
+
+One live daemon and one model serve every request here. The model is a tiny random-weight qwen3 that leans
+towards JSON's closing punctuation (see `json_leaning_checkpoint`): a plain random model fills strings and
+numbers for thousands of tokens, while this one closes them within a few, and its eagerness to close
+(`}` before the required keys, `"` before minLength) is exactly what the grammar has to overrule. Without a
+format its output is not JSON at all (checked below).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import jsonschema
+import numpy as np
+import ollama
+import pytest
+
+from plugd import plugins
+from plugd.runner.grammar import GrammarSpec, TokenMask
+from plugd.scheduler.runner_client import RunnerProcess
+from plugd.testing.server import LiveServer
+from plugd.testing.structured import json_leaning_checkpoint
+
+SCHEMAS = sorted((Path(__file__).resolve().parents[1] / "../shared/reference/json_schemas").glob("*.json"))
+MODEL = "json-leaning"
+OPTIONS = {"temperature": 1.0, "seed": 7, "num_predict": 256}
+TODO = json.loads((SCHEMAS[0].parent / "jsb-Glaiveai2K__create_todo_e7e42931.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return json_leaning_checkpoint(tmp_path_factory.mktemp("structured") / "model")
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    server = LiveServer(checkpoint.parent / "models")
+    try:
+        server.cli("create", MODEL, "--from", str(checkpoint), check=True)
+        yield server
+    finally:
+        server.stop()
+
+
+def generate(server: LiveServer, **body) -> httpx.Response:
+    body = {"model": MODEL, "prompt": "Answer in JSON.", "stream": False, "options": OPTIONS} | body
+    return httpx.post(f"{server.url}/api/generate", json=body, timeout=120)
+
+
+def validate(schema: dict, text: str) -> str | None:
+    """None if `text` is JSON valid under `schema` (formats checked where jsonschema can), else why not."""
+    try:
+        instance = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return f"not JSON: {exc}"
+    validator = jsonschema.validators.validator_for(schema)
+    error = jsonschema.exceptions.best_match(validator(schema, format_checker=validator.FORMAT_CHECKER)
+                                             .iter_errors(instance))
+    return None if error is None else error.message
+
+
+def test_every_reference_schema_is_enforced_or_refused(server):
+    outcomes: Counter[str] = Counter()
+    failures, refusals = [], []
+    for path in SCHEMAS:
+        schema = json.loads(path.read_text())
+        response = generate(server, format=schema)
+        body = response.json()
+        if response.status_code == 400 and "JSON schema" in body.get("error", ""):
+            outcomes["refused"] += 1
+            refusals.append(f"{path.stem}: {body['error']}")
+        elif response.status_code != 200:
+            outcomes["failed"] += 1
+            failures.append(f"{path.stem}: HTTP {response.status_code} {body}")
+        elif body["done_reason"] == "length":
+            outcomes["length"] += 1  # ran out of tokens inside the structure: reported, not counted as valid
+        elif (problem := validate(schema, body["response"])) is None and body["done_reason"] == "stop":
+            outcomes["valid"] += 1
+        else:
+            outcomes["failed"] += 1
+            failures.append(f"{path.stem}: {body['done_reason']}: {problem}: {body['response'][:200]!r}")
+    summary = (f"{len(SCHEMAS)} schemas: {outcomes['valid']} enforced and valid, {outcomes['refused']} refused, "
+               f"{outcomes['length']} cut at num_predict={OPTIONS['num_predict']}, {outcomes['failed']} failed")
+    print("\n" + summary + "\nrefused:\n  " + "\n  ".join(refusals))
+    assert outcomes["failed"] == 0, summary + "\n" + "\n".join(failures)
+    assert outcomes["valid"] >= len(SCHEMAS) // 3, summary
+
+
+def test_the_real_qwen3_vocabulary(server, tmp_path):
+    server.cli("create", "json-qwen", "--from", str(json_leaning_checkpoint(tmp_path / "qwen", "qwen3")), check=True)
+    for fmt in (TODO, "json"):
+        body = generate(server, model="json-qwen", format=fmt).json()
+        assert body["done_reason"] == "stop", body
+        assert validate(TODO if fmt == TODO else {"type": "object"}, body["response"]) is None, body["response"]
+    httpx.post(f"{server.url}/api/generate", json={"model": "json-qwen", "keep_alive": 0}, timeout=60)
+
+
+def test_the_model_alone_does_not_write_json(server):
+    text = generate(server).json()["response"]
+    assert validate(TODO, text) is not None, text
+
+
+def test_format_json_gives_a_json_object(server):
+    body = generate(server, format="json").json()
+    assert body["done_reason"] == "stop"
+    assert isinstance(json.loads(body["response"]), dict)
+
+
+def test_seeded_structured_requests_repeat(server):
+    first, again = (generate(server, format=TODO).json()["response"] for _ in range(2))
+    assert first == again
+    assert validate(TODO, first) is None
+    assert generate(server, format=TODO, options=OPTIONS | {"seed": 8}).json()["response"] != first
+
+
+def test_running_out_of_tokens_inside_the_structure_is_length(server):
+    body = generate(server, format=TODO, options=OPTIONS | {"num_predict": 5}).json()
+    assert body["done_reason"] == "length" and body["eval_count"] == 5
+    assert validate(TODO, body["response"]) is not None
+
+
+def test_stop_strings_do_not_cut_a_structure_short(server):
+    body = generate(server, format=TODO, options=OPTIONS | {"stop": ['"']}).json()
+    assert body["done_reason"] == "stop"
+    assert validate(TODO, body["response"]) is None
+
+
+def test_logprobs_are_those_of_the_masked_distribution(server):
+    body = generate(server, format=TODO, logprobs=True, top_logprobs=20).json()
+    steps = body["logprobs"]
+    assert "".join(step["token"] for step in steps) == body["response"]
+    for step in steps:
+        tops = step["top_logprobs"]
+        assert tops and all(math.isfinite(t["logprob"]) for t in tops)
+        assert sum(math.exp(t["logprob"]) for t in tops) <= 1.0 + 1e-4
+        assert step["logprob"] <= 0.0
+    # The first token must open the object: nothing else is allowed, whatever the model prefers.
+    assert all(t["token"].startswith("{") for t in steps[0]["top_logprobs"])
+    # Where the grammar leaves one token (inside a required property's name), it has probability 1.
+    forced = [step for step in steps if len(step["top_logprobs"]) == 1]
+    assert forced and all(abs(step["logprob"]) < 1e-4 for step in forced)
+
+
+def test_official_client_format_json_and_schema(server):
+    client = ollama.Client(host=server.url)
+    reply = client.chat(model=MODEL, messages=[{"role": "user", "content": "A todo, please."}], format=TODO,
+                        options=OPTIONS)
+    assert reply.done_reason == "stop"
+    assert validate(TODO, reply.message.content) is None
+    generated = client.generate(model=MODEL, prompt="Anything, as JSON.", format="json", options=OPTIONS)
+    assert isinstance(json.loads(generated.response), dict)
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.generate(model=MODEL, prompt="x", format={"type": "string", "not": {"const": "x"}}, options=OPTIONS)
+    assert refused.value.status_code == 400 and "'not'" in refused.value.error
+
+
+def test_the_runner_refuses_before_any_output_and_stays_usable(checkpoint):
+    grammar = {"engine": "xgrammar", "factory": "plugd_xgrammar.engine:XGrammarEngine", "kind": "json_schema"}
+    body = {"prompt": "Answer in JSON.", "sampling": {"temperature": 0.0}, "num_predict": 64, "num_ctx": 512,
+            "num_keep": 0, "stop": []}
+
+    async def exchange() -> tuple[httpx.Response, list[dict]]:
+        runner = RunnerProcess({p.name: p for p in checkpoint.iterdir() if p.is_file()}, "plugd_qwen.qwen3")
+        try:
+            await runner.start()
+            refused = await runner.http.post("/completion", json=body | {
+                "grammar": grammar | {"format": {"type": "array", "uniqueItems": True}}})
+            events = [event async for event in runner.completion(body | {"grammar": grammar | {"format": TODO}})]
+            return refused, events
+        finally:
+            await runner.close()
+
+    refused, events = asyncio.run(exchange())
+    assert refused.status_code == 400
+    assert refused.json() == {"error": "xgrammar cannot enforce this JSON schema: 'uniqueItems' at /",
+                              "kind": "grammar_refused"}
+    assert events[-1]["done_reason"] == "stop"
+    assert validate(TODO, "".join(e["text"] for e in events)) is None
+
+
+def test_without_an_engine_plain_inference_works_and_format_is_refused(server, tmp_path):
+    others = [p.name for p in plugins.load().plugins if not p.builtin and p.name != "xgrammar"]
+    bare = LiveServer(server.models, env={"PLUGD_PLUGINS": ",".join(others)})
+    try:
+        plain = httpx.post(f"{bare.url}/api/generate", timeout=120,
+                           json={"model": MODEL, "prompt": "hi", "stream": False, "options": {"num_predict": 3}})
+        assert plain.status_code == 200 and plain.json()["eval_count"] > 0
+        refused = httpx.post(f"{bare.url}/api/generate", timeout=120,
+                             json={"model": MODEL, "prompt": "hi", "stream": False, "format": "json"})
+        assert refused.status_code == 400 and "plugd-xgrammar" in refused.json()["error"]
+    finally:
+        bare.stop()
+
+
+def test_plugins_lists_the_engine(server):
+    listing = server.cli("plugins", check=True).stdout
+    line = next(line for line in listing.splitlines() if line.startswith("xgrammar "))
+    assert "grammar_engines" in line and "ok" in line
+
+
+class _Recorder:
+    """A matcher that allows every token and records what it was given."""
+
+    def __init__(self):
+        self.accepted: list[int] = []
+
+    def fill_mask(self, bitmask: np.ndarray) -> None:
+        bitmask[:] = -1
+
+    def accept(self, token: int) -> bool:
+        self.accepted.append(token)
+        return True
+
+
+def test_a_grammar_with_after_waits_for_the_marker_and_never_lets_the_output_end_before():
+    matcher = _Recorder()
+    mask = TokenMask(matcher, width=40, stop_ids=frozenset({3, 39}), after="</think>")
+    waiting = np.array(mask.allowed())
+    assert not waiting[3] and not waiting[39] and waiting[[0, 4, 38]].all()
+    for token, text in [(5, "hmm </th"), (6, "ink"), (7, ">")]:
+        assert not mask.active
+        mask.accept(token, text)
+    assert mask.active and matcher.accepted == []
+    mask.accept(8, "{")
+    assert matcher.accepted == [8]
+    assert np.array(mask.allowed()).all()
+
+
+def test_grammar_specs_are_checked():
+    spec = GrammarSpec.parse({"engine": "xgrammar", "factory": "plugd_xgrammar.engine:XGrammarEngine",
+                              "kind": "json_schema", "format": TODO, "after": "</think>"})
+    assert spec.after == "</think>" and spec.format == TODO
+    for bad in ({"factory": "nocolon", "kind": "json"}, {"factory": "a:b", "kind": "yaml"},
+                {"factory": "a:b", "kind": "json", "after": ""}):
+        with pytest.raises(ValueError):
+            GrammarSpec.parse(bad)
