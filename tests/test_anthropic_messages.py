@@ -148,7 +148,6 @@ def test_stop_sequences_end_the_message(client):
     assert stopped.stop_reason in ("end_turn", "stop_sequence")
 
 
-@pytest.mark.xfail(strict=True, reason="the pipeline's Final reports 'stop' for end of turn and stop strings alike")
 def test_stop_sequences_are_reported_as_such(client):
     _, stop, stopped = stop_case(client)
     assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == stop

@@ -265,6 +265,7 @@ async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta |
                     eval_duration=event["eval_duration_ns"],
                     load_duration=load_duration,
                     total_duration=time.perf_counter_ns() - started,
+                    stop_sequence=event.get("stop_sequence"),
                 )
                 return
             pieces = _parsed(lambda: parser.feed(text))  # noqa: B023

@@ -66,6 +66,7 @@ class Final:
     eval_duration: int = 0
     load_duration: int = 0
     total_duration: int = 0
+    stop_sequence: str | None = None  # the stop string that ended the output, when one did
 
     @property
     def cached_tokens(self) -> int:

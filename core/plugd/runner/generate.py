@@ -64,6 +64,7 @@ class DoneEvent:
     eval_count: int  # generated tokens, an end-of-sequence token included
     eval_duration_ns: int
     text: str = ""  # text still held when generation ended
+    stop_sequence: str | None = None  # the stop string that ended it, if one did
 
 
 def fit_context(tokens: Sequence[int], num_ctx: int, num_keep: int) -> list[int]:
@@ -147,7 +148,7 @@ class _Tally:
     prompt_eval_count: int = 0
     eval_count: int = 0
 
-    def done(self, reason: str, text: str = "") -> DoneEvent:
+    def done(self, reason: str, text: str = "", stop_sequence: str | None = None) -> DoneEvent:
         now = time.perf_counter_ns()
         prompt_end = self.first_token_ns or now
         return DoneEvent(
@@ -158,6 +159,7 @@ class _Tally:
             eval_count=self.eval_count,
             eval_duration_ns=now - prompt_end,
             text=text,
+            stop_sequence=stop_sequence,
         )
 
 
@@ -254,7 +256,7 @@ class Engine:
             if tally.eval_count // RELEASE_BUFFERS_EVERY > (tally.eval_count - 1) // RELEASE_BUFFERS_EVERY:
                 mx.clear_cache()
             if event.token in self.tokenizer.eos_ids:
-                yield tally.done("stop", _remaining_text(detokenizer, stops))
+                yield tally.done("stop", _remaining_text(detokenizer, stops), stops.matched)
                 return
             text = detokenizer.add(event.token)
             if mask is not None:
@@ -264,10 +266,11 @@ class Engine:
             event.text = stops.feed(text)
             yield event
             if stops.stopped:
-                yield tally.done("stop")
+                yield tally.done("stop", stop_sequence=stops.matched)
                 return
             if not more:
-                yield tally.done("length", _remaining_text(detokenizer, stops))
+                text = _remaining_text(detokenizer, stops)
+                yield tally.done("stop" if stops.stopped else "length", text, stops.matched)
                 return
             pending = following
 

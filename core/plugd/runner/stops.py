@@ -16,14 +16,16 @@ class StopMatcher:
         self._stops = [stop for stop in stops if stop]
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the output
 
     def feed(self, text: str) -> str:
         """The part of the text seen so far that can no longer be, or begin, a stop string."""
         text = self._held + text
-        found = [index for stop in self._stops if (index := text.find(stop)) >= 0]
+        found = [(index, stop) for stop in self._stops if (index := text.find(stop)) >= 0]
         if found:
+            index, self.matched = min(found)
             self._held, self.stopped = "", True
-            return text[: min(found)]
+            return text[:index]
         release = len(text) - self._partial_stop_length(text)
         self._held = text[release:]
         return text[:release]

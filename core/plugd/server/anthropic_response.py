@@ -103,13 +103,15 @@ def usage(final: Final | None) -> dict[str, int]:
 def stop_reason(final: Final, blocks: ContentBlocks) -> str:
     if final.done_reason == "length":
         return "max_tokens"
+    if final.stop_sequence is not None:
+        return "stop_sequence"
     return "tool_use" if blocks.has_tool_use() else "end_turn"
 
 
 def message(message_id: str, model: str, content: list[dict[str, Any]], final: Final | None,
             reason: str | None) -> dict[str, Any]:
     return {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": content,
-            "stop_reason": reason, "stop_sequence": None, "usage": usage(final)}
+            "stop_reason": reason, "stop_sequence": final.stop_sequence if final else None, "usage": usage(final)}
 
 
 async def whole_message(model: str, first: Delta | Final, events: AsyncIterator[Delta | Final],
@@ -142,7 +144,7 @@ async def message_stream(model: str, first: Delta | Final, events: AsyncIterator
             event = await anext(events)
         for name, data in blocks.close():
             yield sse_event(data, event=name)
-        delta = {"stop_reason": stop_reason(event, blocks), "stop_sequence": None}
+        delta = {"stop_reason": stop_reason(event, blocks), "stop_sequence": event.stop_sequence}
         yield sse_event({"type": "message_delta", "delta": delta, "usage": usage(event)}, event="message_delta")
         yield sse_event({"type": "message_stop"}, event="message_stop")
     except (RunnerError, UnparseableOutput, ValueError) as exc:
