@@ -95,6 +95,7 @@ def server(tmp_path_factory):
 
 def _session(server, headers):
     """Each turn's rendered prompt, its length in tokens, and the prompt tokens the runner evaluated for it."""
+    server.cli("stop", "coder")  # a fresh runner: what it reuses can only come from this session
     results = []
     for messages in _turns():
         body = {"model": "coder", "messages": messages, "tools": TOOLS, "stream": False, "options": GREEDY_ONE_TOKEN}
@@ -154,6 +155,7 @@ def test_a_claude_code_session_over_the_messages_api_reuses_every_previous_promp
 
     def session(headers):
         client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, default_headers=headers)
+        server.cli("stop", "coder")  # a fresh runner: what it reuses can only come from this session
         usages = []
         for messages in _turns():
             reply = client.messages.create(model="coder", max_tokens=1, system=OPENING[0]["content"], tools=tools,
