@@ -83,3 +83,25 @@ def test_a_family_whose_calls_are_not_json_refuses_clearly(client):
         client.chat.completions.create(model="xml", messages=[{"role": "user", "content": "Plan."}],
                                        tools=[TODO_TOOL], tool_choice="required")
     assert "'qwen3-coder' cannot force a tool call" in err.value.message
+
+
+def test_a_thinking_model_thinks_freely_then_answers_in_the_format(tmp_path):
+    # Qwen3.5's template opens <think> in the prompt; this model leans hard towards closing it at once, a token
+    # no JSON grammar allows: the format must wait for it, then hold the answer to the schema.
+    checkpoint = json_leaning_checkpoint(tmp_path / "thinker", tokenizer="qwen3", leaning={"</think>": 12.0})
+    config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    config["chat_template"] = (SCHEMAS.parent / "chat_templates" / "qwen3.5.jinja").read_text()
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps(config))
+    live = LiveServer(tmp_path / "models")
+    try:
+        live.cli("create", "thinker", "--from", str(checkpoint), check=True)
+        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0)
+        schema = {"type": "object", "properties": {"done": {"type": "boolean"}}, "required": ["done"]}
+        reply = client.chat.completions.create(
+            model="thinker", messages=[{"role": "user", "content": "Done?"}], seed=7, max_tokens=64,
+            response_format={"type": "json_schema", "json_schema": {"name": "status", "schema": schema}})
+        (choice,) = reply.choices
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.message.content), schema)
+    finally:
+        live.stop()

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 from safetensors.numpy import load_file, save_file
+from tokenizers import Tokenizer
 
 from plugd.testing.checkpoints import write_checkpoint
 
@@ -19,8 +21,10 @@ CLOSERS = ('"', "}", "]")
 CLOSING_BIAS = 3.0  # nats added to the logit of every token with a closer in it
 
 
-def json_leaning_checkpoint(path: Path, tokenizer: str = "tiny") -> Path:
+def json_leaning_checkpoint(path: Path, tokenizer: str = "tiny", leaning: Mapping[str, float] | None = None) -> Path:
     """A tiny qwen3 whose next-token distribution is about uniform plus CLOSING_BIAS on closing punctuation.
+
+    `leaning` adds more biases, in nats, to tokens given by their text (added tokens such as "</think>" too).
 
     Hidden dimension 0 carries a constant that dominates every RMS norm (the embedding sets it large, no
     o_proj or down_proj row writes it), so after the final norm it is sqrt(hidden_size) and the lm_head's
@@ -40,5 +44,8 @@ def json_leaning_checkpoint(path: Path, tokenizer: str = "tiny") -> Path:
     lm_head = weights["lm_head.weight"]
     lm_head[:, 0] = 0.0
     lm_head[closers, 0] = CLOSING_BIAS / math.sqrt(config["hidden_size"])
+    vocabulary = Tokenizer.from_file(str(path / "tokenizer.json"))
+    for text, bias in (leaning or {}).items():
+        lm_head[vocabulary.token_to_id(text), 0] = bias / math.sqrt(config["hidden_size"])
     save_file(weights, str(path / "model.safetensors"))
     return path
