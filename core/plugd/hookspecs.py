@@ -183,7 +183,20 @@ class MediaTranscoder:
 
 @define(frozen=True)
 class CachePolicy:
-    """Decides in the runner what is kept across requests; `factory` is an import path `module:callable`."""
+    """Decides in the runner what is kept of the caches across requests.
+
+    `factory` is an import path `module:callable` resolved in the runner and
+    called with the loaded model; it returns an object with the model's caches
+    (`layers`) and the tokens they hold (`tokens`), and these methods, called
+    by the engine in this order per completion: `resume(prompt) -> int` (bring
+    the caches to the longest prefix it can restore, short of the last prompt
+    token, and return its length), `capture_points(start, end)` (positions
+    where the prefill should pause for a restore point), `prefilled()` after
+    every prefill chunk, `finished()` when the completion ends; plus `reserve`,
+    `reset` and `stats() -> {"bytes", "nodes"}`. plugd.runner.cache_policy.LiveCache
+    implements all but `resume`. PLUGD_CACHE_POLICY picks a policy by name;
+    unset, "prefix-cache" when installed, else the built-in "single-slot".
+    """
 
     name: str
     factory: str

@@ -14,6 +14,8 @@ class KVCache:
     overwrite.
     """
 
+    trimmable = True
+
     def __init__(self, step: int = 256):
         self.step = step
         self.reserved = 0

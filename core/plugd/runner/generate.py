@@ -1,7 +1,7 @@
 """The runner's generation engine: one completion at a time on one model, in-process.
 
-A completion fits the prompt into the context, reuses the longest prefix the
-previous completion left in the caches, prefills the rest in chunks, then
+A completion fits the prompt into the context, resumes from the longest prefix the
+cache policy (plugd.runner.cache_policy) can restore, prefills the rest in chunks, then
 decodes pipelined: step n+1 is dispatched to MLX before token n is read, so
 the device never waits for Python. All of it must run on one thread (MLX
 streams are thread-local).
@@ -24,6 +24,7 @@ import attrs
 import mlx.core as mx
 import mlx.nn as nn
 
+from plugd.runner.cache_policy import RunnerCachePolicy, single_slot
 from plugd.runner.grammar import GrammarRefused, TokenMask
 from plugd.runner.sampling import NEGATIVE_INFINITY, Sampler, SamplingParams
 from plugd.runner.stops import StopMatcher
@@ -77,47 +78,6 @@ def fit_context(tokens: Sequence[int], num_ctx: int, num_keep: int) -> list[int]
     return [*tokens[:keep], *tokens[len(tokens) - (limit - keep) :]]
 
 
-class PromptCache:
-    """The model's caches and the tokens they hold, kept from one completion to the next.
-
-    Invariant between steps: every layer's offset equals len(tokens).
-    """
-
-    def __init__(self, model: nn.Module):
-        self._model = model
-        self.reset()
-
-    def reset(self) -> None:
-        self.layers = self._model.make_cache()
-        self.tokens: list[int] = []
-
-    def rewind_for(self, prompt: Sequence[int]) -> int:
-        """Keep the longest cached prefix of `prompt`, short of its last token; return its length."""
-        keep = 0
-        for cached, wanted in zip(self.tokens, prompt[:-1]):
-            if cached != wanted:
-                break
-            keep += 1
-        excess = len(self.tokens) - keep
-        if any(layer.trim(excess) != excess for layer in self.layers):
-            self.reset()  # a cache that cannot forget that much starts over
-            return 0
-        del self.tokens[keep:]
-        return keep
-
-    def reserve(self, positions: int) -> None:
-        """Size the caches for a whole context up front: memory stays flat as it fills, and matches the fit check."""
-        for layer in self.layers:
-            if hasattr(layer, "reserve"):
-                layer.reserve(positions)
-
-    def prefill(self, tokens: list[int]) -> None:
-        """Run `tokens` through the model into the caches, evaluated now."""
-        self._model(mx.array(tokens, mx.int32)[None], cache=self.layers)
-        mx.eval([layer.state for layer in self.layers])
-        self.tokens += tokens
-
-
 @attrs.frozen
 class _PendingToken:
     """A dispatched step's results, not yet read."""
@@ -166,11 +126,12 @@ class _Tally:
 class Engine:
     """Generates completions on one model, one at a time, reusing the previous completion's caches."""
 
-    def __init__(self, model: nn.Module, tokenizer: Tokenizer, prefill_chunk: int = 512):
+    def __init__(self, model: nn.Module, tokenizer: Tokenizer, prefill_chunk: int = 512,
+                 cache_policy: Callable[[nn.Module], RunnerCachePolicy] = single_slot):
         self.model = model
         self.tokenizer = tokenizer
         self.prefill_chunk = prefill_chunk
-        self.cache = PromptCache(model)
+        self.cache = cache_policy(model)
         # Only the output's shape is read: MLX builds the graph without computing it.
         self.logits_width: int = model(mx.zeros((1, 1), mx.int32), cache=model.make_cache()).shape[-1]
 
@@ -192,6 +153,8 @@ class Engine:
         except Exception:
             self.cache.reset()  # a step that failed half-way leaves caches and tokens out of step
             raise
+        finally:
+            self.cache.finished()
 
     def _complete(
         self, prompt: list[int], request: CompletionRequest, cancelled: Callable[[], bool],
@@ -211,13 +174,20 @@ class Engine:
         yield from self._decode(prompt, request, budget, tally, cancelled, mask)
 
     def _prefill(self, prompt: list[int], tally: _Tally, cancelled: Callable[[], bool]) -> bool:
-        """Bring the caches up to all but the last prompt token, chunk by chunk; False when cancelled."""
-        for start in range(self.cache.rewind_for(prompt), len(prompt) - 1, self.prefill_chunk):
+        """Bring the caches up to all but the last prompt token, chunk by chunk; False when cancelled.
+
+        Chunks also end where the cache policy wants to capture a restore point.
+        """
+        start, end = self.cache.resume(prompt), len(prompt) - 1
+        captures = sorted(set(self.cache.capture_points(start, end)))
+        while start < end:
             if cancelled():
                 return False
-            chunk = prompt[start : min(start + self.prefill_chunk, len(prompt) - 1)]
-            self.cache.prefill(chunk)
-            tally.prompt_eval_count += len(chunk)
+            stop = min([start + self.prefill_chunk, end, *(p for p in captures if p > start)])
+            self.cache.prefill(prompt[start:stop])
+            tally.prompt_eval_count += stop - start
+            self.cache.prefilled()
+            start = stop
         return True
 
     def _decode(

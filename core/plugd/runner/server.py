@@ -34,6 +34,8 @@ from litestar import Litestar, Request, Response, get, post
 from litestar.datastructures import State
 from litestar.response import Stream
 
+from plugd import plugins
+from plugd.runner.cache_policy import chosen_factory, make_policy
 from plugd.runner.generate import CompletionRequest, DoneEvent, Engine, TokenEvent
 from plugd.runner.grammar import GrammarRefused, Grammars, GrammarSpec, GrammarVocabulary, TokenMaskFactory
 from plugd.runner.loading import load_model
@@ -57,7 +59,9 @@ class ModelHost:
     def _load(model_dir: Path, module: str) -> Engine:
         model = load_model(model_dir, importlib.import_module(module))
         _return_freed_heap()
-        return Engine(model, Tokenizer.from_dir(model_dir))
+        factory = chosen_factory(plugins.load().named("plugd_cache_policies"))
+        log.info("cache policy %s", factory)
+        return Engine(model, Tokenizer.from_dir(model_dir), cache_policy=lambda m: make_policy(factory, m))
 
     def memory(self) -> dict[str, int]:
         return {
@@ -154,7 +158,9 @@ def _host(request: Request) -> ModelHost:
 @get("/status")
 async def status(request: Request) -> dict[str, Any]:
     host = _host(request)
-    return {"status": "ready", "load_seconds": host.load_seconds, "memory": host.memory()}
+    # Read off the MLX thread: a snapshot of two counters, good enough for a status line.
+    return {"status": "ready", "load_seconds": host.load_seconds, "memory": host.memory(),
+            "cache": host.engine.cache.stats()}
 
 
 @post("/completion", status_code=200)

@@ -10,11 +10,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio
+import httpx
 from attrs import define
 from cattrs.gen import make_dict_structure_fn, override
 from litestar import Request, Response, delete, get, head, post
 
 from plugd import __version__
+from plugd.scheduler.runner_client import RunnerProcess
 from plugd.server.bodies import BadRequest, read_body
 from plugd.server.model_views import details, show_payload, tags_entry
 from plugd.server.sse import NDJSON, streamed
@@ -101,8 +103,16 @@ async def ps(request: Request) -> dict[str, Any]:
             "expires_at": expires,
             "size_vram": 0,
             "context_length": entry.num_ctx,
-        })
+        } | await _prompt_cache(entry.runner))
     return {"models": models}
+
+
+async def _prompt_cache(runner: RunnerProcess) -> dict[str, Any]:
+    """The runner's prompt cache figures (bytes, nodes); none while it cannot answer."""
+    try:
+        return {"prompt_cache": (await runner.status())["cache"]}
+    except (httpx.HTTPError, KeyError, ValueError):
+        return {}
 
 
 @post("/api/show", status_code=200)
