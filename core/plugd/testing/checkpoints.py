@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from plugd.testing import gemma_checkpoints, hybrid_checkpoints
 from plugd.testing import tokenizer as tiny_tokenizer
 from plugd.testing.qwen_vocab import write_qwen_tokenizer
 
@@ -87,6 +88,10 @@ def _qwen3_mlp_shapes(c: dict[str, Any], layer: int, p: str) -> Shapes:
 
 
 SHAPES: dict[str, Callable[[dict[str, Any]], Shapes]] = {"qwen3": _qwen3_shapes, "qwen3_moe": _qwen3_shapes}
+BASE_CONFIGS |= hybrid_checkpoints.BASE_CONFIGS
+SHAPES |= hybrid_checkpoints.SHAPES
+BASE_CONFIGS |= gemma_checkpoints.BASE_CONFIGS
+SHAPES |= gemma_checkpoints.SHAPES
 
 _DTYPES = {"float32": ("F32", np.float32), "float16": ("F16", np.float16), "bfloat16": ("BF16", None)}
 
@@ -121,7 +126,7 @@ def random_weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     weights = {}
     for name, shape in SHAPES[config["model_type"]](config).items():
-        if name.endswith("norm.weight"):
+        if name.endswith(("norm.weight", "layer_scalar")):
             weights[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
         else:
             weights[name] = (0.05 * rng.standard_normal(shape)).astype(np.float32)
@@ -159,6 +164,8 @@ def write_checkpoint(
         "eos_token_id": eos,
         **(overrides or {}),
     }
+    config = hybrid_checkpoints.LAYOUTS.get(model_type, dict)(config)
+    config = gemma_checkpoints.LAYOUTS.get(model_type, dict)(config)
     (path / "config.json").write_text(json.dumps(config, indent=2))
     (path / "generation_config.json").write_text(
         json.dumps({"eos_token_id": [eos, tok.token_to_id("<|endoftext|>")], "temperature": 0.6, "top_k": 20})

@@ -1,0 +1,185 @@
+"""Gemma 3 text decoder, config.json model_type "gemma3_text".
+
+Sliding-window layers (a rotating cache of `sliding_window` positions, local
+rotary base) interleave with global layers (a full cache, global rotary base,
+possibly linearly scaled). Norms scale by (1 + weight); each block normalises
+attention and feed-forward outputs before adding them back; embeddings are
+scaled by sqrt(hidden_size); attention scores are scaled by
+query_pre_attn_scalar ** -0.5. Parameter names follow the Hugging Face checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from plugd.nn.linear import Embedding, Linear
+from plugd_gemma.common import (
+    FULL,
+    SLIDING,
+    GemmaRoPE,
+    RopeSettings,
+    attend,
+    embedding_scale,
+    layer_types,
+    make_layer_cache,
+    rope_settings,
+    soft_cap,
+)
+
+ROPE_DEFAULTS = {FULL: {"rope_theta": 1_000_000.0}, SLIDING: {"rope_theta": 10_000.0}}
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    query_pre_attn_scalar: float
+    sliding_window: int
+    layer_types: tuple[str, ...]
+    rope: Mapping[str, RopeSettings]
+    final_logit_softcapping: float | None
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> ModelArgs:
+        if config.get("attn_logit_softcapping") is not None:
+            raise ValueError("attention logit soft-capping is not supported (Gemma 3 checkpoints do not use it)")
+        return cls(
+            vocab_size=config["vocab_size"],
+            hidden_size=config["hidden_size"],
+            intermediate_size=config["intermediate_size"],
+            num_hidden_layers=config["num_hidden_layers"],
+            num_attention_heads=config["num_attention_heads"],
+            num_key_value_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
+            head_dim=config.get("head_dim", 256),
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            query_pre_attn_scalar=config.get("query_pre_attn_scalar", 256),
+            sliding_window=config.get("sliding_window", 4096),
+            layer_types=tuple(layer_types(config, default_pattern=6)),
+            rope=rope_settings(config, ROPE_DEFAULTS),
+            final_logit_softcapping=config.get("final_logit_softcapping"),
+            tie_word_embeddings=config.get("tie_word_embeddings", True),
+        )
+
+
+class RMSNorm(nn.Module):
+    """Gemma's RMSNorm: x / rms(x) * (1 + weight), so a zero weight is the identity scale."""
+
+    def __init__(self, dims: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = mx.zeros((dims,))
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.fast.rms_norm(x, 1.0 + self["weight"], self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, kind: str):
+        super().__init__()
+        heads, kv_heads, head_dim = args.num_attention_heads, args.num_key_value_heads, args.head_dim
+        self.heads, self.kv_heads = heads, kv_heads
+        self.scale = args.query_pre_attn_scalar**-0.5
+        self.window = args.sliding_window if kind == SLIDING else None
+        self.q_proj = Linear(args.hidden_size, heads * head_dim)
+        self.k_proj = Linear(args.hidden_size, kv_heads * head_dim)
+        self.v_proj = Linear(args.hidden_size, kv_heads * head_dim)
+        self.o_proj = Linear(heads * head_dim, args.hidden_size)
+        self.q_norm = RMSNorm(head_dim, args.rms_norm_eps)
+        self.k_norm = RMSNorm(head_dim, args.rms_norm_eps)
+        self.rope = GemmaRoPE(head_dim, args.rope[kind])
+
+    def __call__(self, x: mx.array, cache) -> mx.array:
+        batch, length, _ = x.shape
+
+        def heads_first(y: mx.array, heads: int) -> mx.array:
+            return y.reshape(batch, length, heads, -1).transpose(0, 2, 1, 3)
+
+        queries = self.q_norm(heads_first(self.q_proj(x), self.heads))
+        keys = self.k_norm(heads_first(self.k_proj(x), self.kv_heads))
+        values = heads_first(self.v_proj(x), self.kv_heads)
+        offset = 0 if cache is None else cache.offset
+        queries, keys = self.rope(queries, offset), self.rope(keys, offset)
+        out, _ = attend(queries, keys, values, self.scale, self.window, cache)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))
+
+
+class MLP(nn.Module):
+    """GeGLU feed-forward: down(gelu_tanh(gate(x)) * up(x))."""
+
+    def __init__(self, dims: int, hidden_dims: int):
+        super().__init__()
+        self.gate_proj = Linear(dims, hidden_dims)
+        self.up_proj = Linear(dims, hidden_dims)
+        self.down_proj = Linear(hidden_dims, dims)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.gelu_approx(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, kind: str):
+        super().__init__()
+        eps = args.rms_norm_eps
+        self.self_attn = Attention(args, kind)
+        self.mlp = MLP(args.hidden_size, args.intermediate_size)
+        self.input_layernorm = RMSNorm(args.hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, eps)
+        self.pre_feedforward_layernorm = RMSNorm(args.hidden_size, eps)
+        self.post_feedforward_layernorm = RMSNorm(args.hidden_size, eps)
+
+    def __call__(self, x: mx.array, cache) -> mx.array:
+        h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cache))
+        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+
+
+class Decoder(nn.Module):
+    """The checkpoint's `model.` subtree: embeddings, layers, final norm."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.hidden_size = args.hidden_size
+        self.embed_tokens = Embedding(args.vocab_size, args.hidden_size)
+        self.layers = [DecoderLayer(args, kind) for kind in args.layer_types]
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+    def __call__(self, tokens: mx.array, cache: list) -> mx.array:
+        h = self.embed_tokens(tokens)
+        h = h * embedding_scale(self.hidden_size, h.dtype)
+        for layer, layer_cache in zip(self.layers, cache, strict=True):
+            h = layer(h, layer_cache)
+        return self.norm(h)
+
+
+class Model(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model = Decoder(args)
+        if not args.tie_word_embeddings:
+            self.lm_head = Linear(args.hidden_size, args.vocab_size)
+
+    def __call__(self, tokens: mx.array, cache: list | None = None) -> mx.array:
+        """(batch, length) int32 token ids -> (batch, length, vocab) logits, appending to `cache` when given."""
+        h = self.model(tokens, cache if cache is not None else [None] * self.args.num_hidden_layers)
+        logits = self.model.embed_tokens.as_linear(h) if self.args.tie_word_embeddings else self.lm_head(h)
+        return soft_cap(logits, self.args.final_logit_softcapping)
+
+    def make_cache(self) -> list:
+        return [make_layer_cache(kind, self.args.sliding_window) for kind in self.args.layer_types]
+
+    def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        if self.args.tie_word_embeddings:
+            weights.pop("lm_head.weight", None)
+        return weights

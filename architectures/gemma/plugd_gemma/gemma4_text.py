@@ -1,0 +1,281 @@
+"""Gemma 4 text decoder, config.json model_type "gemma4_text" (the dense models).
+
+Like Gemma 3 it interleaves sliding-window and global layers, with
+post-attention and post-feed-forward norms and scaled embeddings; unlike it:
+- norms scale by `weight` (not 1 + weight), values are RMS-normalised without
+  a scale, and attention scores are not scaled (the norms take care of it);
+- global layers may use wider heads (`global_head_dim`), fewer key/value
+  heads with keys doubling as values (`attention_k_eq_v`), and a
+  "proportional" rotary embedding over part of each head;
+- the last `num_kv_shared_layers` layers compute no keys or values of their
+  own: each attends over those of the last earlier layer of its kind, and
+  with `use_double_wide_mlp` has a feed-forward twice as wide;
+- with `hidden_size_per_layer_input`, every layer adds a gated projection of
+  its own slice of a per-layer token embedding (mixed with a projection of
+  the input embedding);
+- every layer's output is multiplied by a learned `layer_scalar`, and final
+  logits are soft-capped.
+The mixture-of-experts variant (`enable_moe_block`) is not supported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from plugd.nn.linear import Embedding, Linear
+from plugd.nn.norms import RMSNorm
+from plugd_gemma.common import (
+    FULL,
+    SLIDING,
+    GemmaRoPE,
+    RopeSettings,
+    attend,
+    attend_shared,
+    embedding_scale,
+    layer_types,
+    make_layer_cache,
+    rope_settings,
+    soft_cap,
+)
+
+ROPE_DEFAULTS = {
+    FULL: {"rope_theta": 1_000_000.0, "rope_type": "proportional", "partial_rotary_factor": 0.25},
+    SLIDING: {"rope_theta": 10_000.0, "rope_type": "default"},
+}
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    num_global_key_value_heads: int | None
+    head_dim: int
+    global_head_dim: int | None
+    rms_norm_eps: float
+    sliding_window: int
+    layer_types: tuple[str, ...]
+    rope: Mapping[str, RopeSettings]
+    rope_traditional: bool
+    attention_k_eq_v: bool
+    num_kv_shared_layers: int
+    use_double_wide_mlp: bool
+    hidden_size_per_layer_input: int
+    vocab_size_per_layer_input: int
+    final_logit_softcapping: float | None
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> ModelArgs:
+        """Defaults where a key is absent are mlx-lm's (those of the small per-layer-input models)."""
+        if config.get("enable_moe_block"):
+            raise ValueError("the Gemma 4 mixture-of-experts block is not supported")
+        return cls(
+            vocab_size=config["vocab_size"],
+            hidden_size=config["hidden_size"],
+            intermediate_size=config["intermediate_size"],
+            num_hidden_layers=config["num_hidden_layers"],
+            num_attention_heads=config["num_attention_heads"],
+            num_key_value_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
+            num_global_key_value_heads=config.get("num_global_key_value_heads"),
+            head_dim=config.get("head_dim", 256),
+            global_head_dim=config.get("global_head_dim", 512),
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            sliding_window=config.get("sliding_window", 512),
+            layer_types=tuple(layer_types(config, default_pattern=5)),
+            rope=rope_settings(config, ROPE_DEFAULTS),
+            rope_traditional=config.get("rope_traditional", False),
+            attention_k_eq_v=config.get("attention_k_eq_v", False),
+            num_kv_shared_layers=config.get("num_kv_shared_layers", 20),
+            use_double_wide_mlp=config.get("use_double_wide_mlp", True),
+            hidden_size_per_layer_input=config.get("hidden_size_per_layer_input", 256) or 0,
+            vocab_size_per_layer_input=config.get("vocab_size_per_layer_input", 262144),
+            final_logit_softcapping=config.get("final_logit_softcapping", 30.0),
+            tie_word_embeddings=config.get("tie_word_embeddings", True),
+        )
+
+    @property
+    def kv_layers(self) -> int:
+        """How many leading layers compute keys and values (the rest share them)."""
+        return self.num_hidden_layers - self.num_kv_shared_layers
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose keys and values `layer` attends over: itself, or the last KV layer of its kind."""
+        if layer < self.kv_layers:
+            return layer
+        kind = self.layer_types[layer]
+        return max(i for i in range(self.kv_layers) if self.layer_types[i] == kind)
+
+
+class ScalelessRMSNorm(nn.Module):
+    def __init__(self, eps: float):
+        super().__init__()
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.fast.rms_norm(x, None, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer: int):
+        super().__init__()
+        kind = args.layer_types[layer]
+        full = kind == FULL
+        self.head_dim = args.global_head_dim if full and args.global_head_dim else args.head_dim
+        self.keys_are_values = args.attention_k_eq_v and full
+        self.heads = args.num_attention_heads
+        self.kv_heads = args.num_key_value_heads
+        if self.keys_are_values and args.num_global_key_value_heads is not None:
+            self.kv_heads = args.num_global_key_value_heads
+        self.window = None if full else args.sliding_window
+        self.q_proj = Linear(args.hidden_size, self.heads * self.head_dim)
+        self.o_proj = Linear(self.heads * self.head_dim, args.hidden_size)
+        self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
+        self.has_kv = layer < args.kv_layers
+        if self.has_kv:
+            self.k_proj = Linear(args.hidden_size, self.kv_heads * self.head_dim)
+            if not self.keys_are_values:
+                self.v_proj = Linear(args.hidden_size, self.kv_heads * self.head_dim)
+            self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
+            self.v_norm = ScalelessRMSNorm(args.rms_norm_eps)
+        self.rope = GemmaRoPE(self.head_dim, args.rope[kind], args.rope_traditional)
+
+    def __call__(self, x: mx.array, cache, shared, offset: int):
+        """Attend over this layer's own cache, or over `shared` (keys, values, mask) for a KV-sharing layer.
+        Returns the output and what a later layer of the same kind may share."""
+        batch, length, _ = x.shape
+
+        def split_heads(y: mx.array, heads: int) -> mx.array:
+            return y.reshape(batch, length, heads, self.head_dim)
+
+        queries = self.rope(self.q_norm(split_heads(self.q_proj(x), self.heads)).transpose(0, 2, 1, 3), offset)
+        if self.has_kv:
+            raw_keys = split_heads(self.k_proj(x), self.kv_heads)
+            raw_values = raw_keys if self.keys_are_values else split_heads(self.v_proj(x), self.kv_heads)
+            keys = self.rope(self.k_norm(raw_keys).transpose(0, 2, 1, 3), offset)
+            values = self.v_norm(raw_values).transpose(0, 2, 1, 3)
+            out, shared = attend(queries, keys, values, 1.0, self.window, cache)
+        else:
+            out = attend_shared(queries, shared, 1.0)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1)), shared
+
+
+class MLP(nn.Module):
+    """GeGLU feed-forward: down(gelu_tanh(gate(x)) * up(x))."""
+
+    def __init__(self, dims: int, hidden_dims: int):
+        super().__init__()
+        self.gate_proj = Linear(dims, hidden_dims)
+        self.up_proj = Linear(dims, hidden_dims)
+        self.down_proj = Linear(hidden_dims, dims)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.gelu_approx(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, layer: int):
+        super().__init__()
+        h, eps = args.hidden_size, args.rms_norm_eps
+        self.self_attn = Attention(args, layer)
+        wide = args.use_double_wide_mlp and layer >= args.kv_layers > 0
+        self.mlp = MLP(h, args.intermediate_size * (2 if wide else 1))
+        self.input_layernorm = RMSNorm(h, eps)
+        self.post_attention_layernorm = RMSNorm(h, eps)
+        self.pre_feedforward_layernorm = RMSNorm(h, eps)
+        self.post_feedforward_layernorm = RMSNorm(h, eps)
+        if args.hidden_size_per_layer_input:
+            self.per_layer_input_gate = Linear(h, args.hidden_size_per_layer_input)
+            self.per_layer_projection = Linear(args.hidden_size_per_layer_input, h)
+            self.post_per_layer_input_norm = RMSNorm(h, eps)
+        self.layer_scalar = mx.ones((1,))
+
+    def __call__(self, x: mx.array, cache, shared, offset: int, per_layer_input: mx.array | None):
+        attended, shared = self.self_attn(self.input_layernorm(x), cache, shared, offset)
+        h = x + self.post_attention_layernorm(attended)
+        h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        if per_layer_input is not None:
+            gate = nn.gelu_approx(self.per_layer_input_gate(h)) * per_layer_input
+            h = h + self.post_per_layer_input_norm(self.per_layer_projection(gate))
+        return h * self["layer_scalar"], shared
+
+
+class Decoder(nn.Module):
+    """The checkpoint's `model.` subtree."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.embed_tokens = Embedding(args.vocab_size, args.hidden_size)
+        self.layers = [DecoderLayer(args, i) for i in range(args.num_hidden_layers)]
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        per_layer = args.hidden_size_per_layer_input
+        if per_layer:
+            total = args.num_hidden_layers * per_layer
+            self.embed_tokens_per_layer = Embedding(args.vocab_size_per_layer_input, total)
+            self.per_layer_model_projection = Linear(args.hidden_size, total)
+            self.per_layer_projection_norm = RMSNorm(per_layer, args.rms_norm_eps)
+
+    def per_layer_inputs(self, tokens: mx.array, h: mx.array) -> list[mx.array]:
+        """Each layer's slice of (per-layer token embedding + normalised projection of `h`) / sqrt(2)."""
+        args = self.args
+        per_layer, layers = args.hidden_size_per_layer_input, args.num_hidden_layers
+        embedded = self.embed_tokens_per_layer(tokens) * per_layer**0.5
+        projected = self.per_layer_model_projection(h) * args.hidden_size**-0.5
+        projected = self.per_layer_projection_norm(projected.reshape(*h.shape[:2], layers, per_layer))
+        mixed = (projected + embedded.reshape(*h.shape[:2], layers, per_layer)) * 2**-0.5
+        return [mixed[:, :, i] for i in range(layers)]
+
+    def __call__(self, tokens: mx.array, cache: list) -> mx.array:
+        h = self.embed_tokens(tokens)
+        h = h * embedding_scale(self.args.hidden_size, h.dtype)
+        per_layer = self.per_layer_inputs(tokens, h) if self.args.hidden_size_per_layer_input else None
+        offset = 0 if cache[0] is None else cache[0].offset
+        shared: list = []
+        for i, layer in enumerate(self.layers):
+            source = self.args.kv_source(i)
+            layer_cache = cache[i] if source == i else None
+            h, kv = layer(h, layer_cache, shared[source] if source != i else None, offset,
+                          None if per_layer is None else per_layer[i])
+            shared.append(kv)
+        return self.norm(h)
+
+
+class Model(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model = Decoder(args)
+        if not args.tie_word_embeddings:
+            self.lm_head = Linear(args.hidden_size, args.vocab_size)
+
+    def __call__(self, tokens: mx.array, cache: list | None = None) -> mx.array:
+        """(batch, length) int32 token ids -> (batch, length, vocab) logits, appending to `cache` when given.
+        The cache holds one entry per layer that computes keys and values (see make_cache)."""
+        h = self.model(tokens, cache if cache is not None else [None] * self.args.kv_layers)
+        logits = self.model.embed_tokens.as_linear(h) if self.args.tie_word_embeddings else self.lm_head(h)
+        return soft_cap(logits, self.args.final_logit_softcapping)
+
+    def make_cache(self) -> list:
+        return [make_layer_cache(kind, self.args.sliding_window) for kind in self.args.layer_types[: self.args.kv_layers]]
+
+    def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        """Drop rotary tables, activation clipping bounds, KV projections of KV-sharing layers, and a tied lm_head."""
+        if self.args.tie_word_embeddings:
+            weights.pop("lm_head.weight", None)
+        unused = ("self_attn.k_proj.", "self_attn.v_proj.", "self_attn.k_norm.")
+        shared_layers = tuple(f"model.layers.{i}." for i in range(self.args.kv_layers, self.args.num_hidden_layers))
+        return {
+            name: tensor
+            for name, tensor in weights.items()
+            if not any(part in name for part in ("self_attn.rotary_emb", "input_max", "input_min", "output_max", "output_min"))
+            and not (name.startswith(shared_layers) and any(part in name for part in unused))
+        }
