@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from plugd.testing.checkpoints import write_checkpoint
 from plugd.testing.server import LiveServer
 from plugd.testing.transcripts import train_agent
 
@@ -59,3 +60,12 @@ def agent_server(agent_checkpoint: Path, tmp_path_factory: pytest.TempPathFactor
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny_server(plugd_server_factory, tmp_path_factory: pytest.TempPathFactory) -> LiveServer:
+    """A live server, one per test module, holding model "tiny": a random-weight qwen3 checkpoint."""
+    live = plugd_server_factory()
+    created = live.cli("create", "tiny", "--from", str(write_checkpoint(tmp_path_factory.mktemp("tiny"), "qwen3")))
+    assert created.returncode == 0, created.stderr
+    return live

@@ -12,8 +12,6 @@ import openai
 import pytest
 from PIL import Image
 
-from plugd.testing.checkpoints import write_checkpoint
-
 
 def png(size, noise=False):
     shape = (size, size, 3)
@@ -32,11 +30,8 @@ WEATHER_TOOL = {"type": "function", "function": {
 
 
 @pytest.fixture(scope="module")
-def server(plugd_server_factory, tmp_path_factory):
-    live = plugd_server_factory()
-    created = live.cli("create", "tiny", "--from", str(write_checkpoint(tmp_path_factory.mktemp("tiny"), "qwen3")))
-    assert created.returncode == 0, created.stderr
-    return live
+def server(tiny_server):
+    return tiny_server
 
 
 @pytest.fixture(scope="module")

@@ -6,17 +6,12 @@ import httpx
 import openai
 import pytest
 
-from plugd.testing.checkpoints import write_checkpoint
-
 GREEDY = {"temperature": 0}
 
 
 @pytest.fixture(scope="module")
-def server(plugd_server_factory, tmp_path_factory):
-    live = plugd_server_factory()
-    created = live.cli("create", "tiny", "--from", str(write_checkpoint(tmp_path_factory.mktemp("tiny"), "qwen3")))
-    assert created.returncode == 0, created.stderr
-    return live
+def server(tiny_server):
+    return tiny_server
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from plugd.nn.linear import Embedding, Linear
+from plugd.nn.mlp import GatedMLP
 from plugd_gemma.common import (
     FULL,
     SLIDING,
@@ -115,25 +116,12 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))
 
 
-class MLP(nn.Module):
-    """GeGLU feed-forward: down(gelu_tanh(gate(x)) * up(x))."""
-
-    def __init__(self, dims: int, hidden_dims: int):
-        super().__init__()
-        self.gate_proj = Linear(dims, hidden_dims)
-        self.up_proj = Linear(dims, hidden_dims)
-        self.down_proj = Linear(hidden_dims, dims)
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(nn.gelu_approx(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, args: ModelArgs, kind: str):
         super().__init__()
         eps = args.rms_norm_eps
         self.self_attn = Attention(args, kind)
-        self.mlp = MLP(args.hidden_size, args.intermediate_size)
+        self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, nn.gelu_approx)
         self.input_layernorm = RMSNorm(args.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, eps)
         self.pre_feedforward_layernorm = RMSNorm(args.hidden_size, eps)

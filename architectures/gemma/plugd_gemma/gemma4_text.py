@@ -28,6 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from plugd.nn.linear import Embedding, Linear
+from plugd.nn.mlp import GatedMLP
 from plugd.nn.norms import RMSNorm
 from plugd_gemma.common import (
     FULL,
@@ -168,26 +169,13 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1)), shared
 
 
-class MLP(nn.Module):
-    """GeGLU feed-forward: down(gelu_tanh(gate(x)) * up(x))."""
-
-    def __init__(self, dims: int, hidden_dims: int):
-        super().__init__()
-        self.gate_proj = Linear(dims, hidden_dims)
-        self.up_proj = Linear(dims, hidden_dims)
-        self.down_proj = Linear(hidden_dims, dims)
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(nn.gelu_approx(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, args: ModelArgs, layer: int):
         super().__init__()
         h, eps = args.hidden_size, args.rms_norm_eps
         self.self_attn = Attention(args, layer)
         wide = args.use_double_wide_mlp and layer >= args.kv_layers > 0
-        self.mlp = MLP(h, args.intermediate_size * (2 if wide else 1))
+        self.mlp = GatedMLP(h, args.intermediate_size * (2 if wide else 1), nn.gelu_approx)
         self.input_layernorm = RMSNorm(h, eps)
         self.post_attention_layernorm = RMSNorm(h, eps)
         self.pre_feedforward_layernorm = RMSNorm(h, eps)

@@ -16,6 +16,7 @@ import mlx.nn as nn
 from plugd.nn.attention import attend
 from plugd.nn.cache import KVCache
 from plugd.nn.linear import Embedding, Linear
+from plugd.nn.mlp import GatedMLP
 from plugd.nn.norms import RMSNorm
 from plugd.nn.rope import RoPE, rope_base
 
@@ -87,19 +88,6 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))
 
 
-class MLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
-
-    def __init__(self, dims: int, hidden_dims: int):
-        super().__init__()
-        self.gate_proj = Linear(dims, hidden_dims)
-        self.up_proj = Linear(dims, hidden_dims)
-        self.down_proj = Linear(hidden_dims, dims)
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, args: ModelArgs, mlp: nn.Module):
         super().__init__()
@@ -140,7 +128,7 @@ class Model(nn.Module):
 
     def feed_forward(self, args: ModelArgs, layer: int) -> nn.Module:
         """The feed-forward block of layer `layer`; variants override this."""
-        return MLP(args.hidden_size, args.intermediate_size)
+        return GatedMLP(args.hidden_size, args.intermediate_size)
 
     def __call__(self, tokens: mx.array, cache: list[KVCache] | None = None) -> mx.array:
         """(batch, length) int32 token ids -> (batch, length, vocab) logits, appending to `cache` when given."""

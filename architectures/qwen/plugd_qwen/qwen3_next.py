@@ -31,6 +31,7 @@ from plugd.nn.attention import attend
 from plugd.nn.cache import KVCache
 from plugd.nn.gated_delta import gated_delta, gates, normalize_qk
 from plugd.nn.linear import Linear
+from plugd.nn.mlp import GatedMLP
 from plugd.nn.norms import RMSNorm
 from plugd.nn.recurrent import RecurrentCache
 from plugd.nn.rope import RoPE
@@ -213,7 +214,7 @@ class SharedExpertMoeBlock(qwen3_moe.SparseMoeBlock):
 
     def __init__(self, args: ModelArgs):
         super().__init__(args)
-        self.shared_expert = qwen3.MLP(args.hidden_size, args.shared_expert_intermediate_size)
+        self.shared_expert = GatedMLP(args.hidden_size, args.shared_expert_intermediate_size)
         self.shared_expert_gate = Linear(args.hidden_size, 1)
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -233,7 +234,7 @@ class DecoderLayer(nn.Module):
         if args.is_sparse(layer):
             self.mlp = SharedExpertMoeBlock(args)
         else:
-            self.mlp = qwen3.MLP(args.hidden_size, args.intermediate_size)
+            self.mlp = GatedMLP(args.hidden_size, args.intermediate_size)
 
     def __call__(self, x: mx.array, cache: Cache | None) -> mx.array:
         mixer = self.linear_attn if self.is_linear else self.self_attn
