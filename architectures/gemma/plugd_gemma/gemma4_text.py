@@ -40,8 +40,8 @@ from plugd_gemma.common import (
     embedding_scale,
     layer_types,
     make_layer_cache,
+    output_logits,
     rope_settings,
-    soft_cap,
 )
 
 ROPE_DEFAULTS = {
@@ -249,8 +249,7 @@ class Model(nn.Module):
         """(batch, length) int32 token ids -> (batch, length, vocab) logits, appending to `cache` when given.
         The cache holds one entry per layer that computes keys and values (see make_cache)."""
         h = self.model(tokens, cache if cache is not None else [None] * self.args.kv_layers)
-        logits = self.model.embed_tokens.as_linear(h) if self.args.tie_word_embeddings else self.lm_head(h)
-        return soft_cap(logits, self.args.final_logit_softcapping)
+        return output_logits(self, h)
 
     def make_cache(self) -> list:
         return [make_layer_cache(kind, self.args.sliding_window) for kind in self.args.layer_types[: self.args.kv_layers]]
