@@ -25,7 +25,6 @@ import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-import mlx.core as mx
 import mlx.nn as nn
 
 BUILTIN_POLICY = "single-slot"
@@ -91,12 +90,6 @@ class LiveCache:
         for layer in self.layers:
             if hasattr(layer, "reserve"):
                 layer.reserve(positions)
-
-    def prefill(self, tokens: list[int]) -> None:
-        """Run `tokens` through the model into the caches, evaluated now."""
-        self._model(mx.array(tokens, mx.int32)[None], cache=self.layers)
-        mx.eval([layer.state for layer in self.layers])
-        self.tokens += tokens
 
     def capture_points(self, start: int, end: int) -> Sequence[int]:
         return ()

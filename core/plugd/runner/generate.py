@@ -184,11 +184,17 @@ class Engine:
             if cancelled():
                 return False
             stop = min([start + self.prefill_chunk, end, *(p for p in captures if p > start)])
-            self.cache.prefill(prompt[start:stop])
+            self._prefill_chunk(prompt[start:stop])
             tally.prompt_eval_count += stop - start
             self.cache.prefilled()
             start = stop
         return True
+
+    def _prefill_chunk(self, tokens: list[int]) -> None:
+        """Run `tokens` through the model into the caches, evaluated now."""
+        self.model(mx.array(tokens, mx.int32)[None], cache=self.cache.layers)
+        mx.eval([layer.state for layer in self.cache.layers])
+        self.cache.tokens += tokens
 
     def _decode(
         self, prompt: list[int], request: CompletionRequest, budget: int, tally: _Tally, cancelled: Callable[[], bool],
