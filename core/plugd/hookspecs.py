@@ -30,7 +30,7 @@ PROJECT = "plugd"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
-PLUGIN_API_VERSION = "1.0"
+PLUGIN_API_VERSION = "1.1"
 """The plugin API this plugd implements, "MAJOR.MINOR".
 
 MINOR grows when hooks or descriptor fields are added, MAJOR when any is
@@ -58,10 +58,19 @@ class Architecture:
     `sanitize(weights)` returns the checkpoint's tensors renamed and folded
     (lazily) into the model's own parameters, `make_cache()` returns one cache
     per layer, and `__call__(tokens, cache)` returns logits.
+
+    `media_types` are the MIME types the architecture's image processor takes;
+    empty means the architecture has no vision. A model of an architecture
+    with media types is reported with the `vision` capability, and its `Model`
+    also gives `media_placeholder`, `media_expansion`, `media_token_id`,
+    `preprocess(image)`, `embed_media(pixels)` and takes
+    `__call__(tokens, cache, media=[(start, embeddings)])` (see docs/plugins.md).
+    Images in other formats are offered to the media transcoders first.
     """
 
     model_type: str
     module: str
+    media_types: frozenset[str] = frozenset()
 
 
 @define(frozen=True)

@@ -6,11 +6,16 @@ possibly linearly scaled). Norms scale by (1 + weight); each block normalises
 attention and feed-forward outputs before adding them back; embeddings are
 scaled by sqrt(hidden_size); attention scores are scaled by
 query_pre_attn_scalar ** -0.5. Parameter names follow the Hugging Face checkpoint.
+
+`media` (used by the gemma3 vision model) replaces the scaled embeddings of
+spans of positions with image embeddings and lets each span attend to itself
+in both directions (plugd_gemma.spans); without it the masks are the plain
+causal and sliding-window ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,12 +30,14 @@ from plugd_gemma.common import (
     GemmaRoPE,
     RopeSettings,
     attend,
+    attend_shared,
     embedding_scale,
     layer_types,
     make_layer_cache,
     output_logits,
     rope_settings,
 )
+from plugd_gemma.spans import Span, place_media, span_mask, spans_of
 
 ROPE_DEFAULTS = {FULL: {"rope_theta": 1_000_000.0}, SLIDING: {"rope_theta": 10_000.0}}
 
@@ -101,7 +108,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(head_dim, args.rms_norm_eps)
         self.rope = GemmaRoPE(head_dim, args.rope[kind])
 
-    def __call__(self, x: mx.array, cache) -> mx.array:
+    def __call__(self, x: mx.array, cache, spans: Sequence[Span] = ()) -> mx.array:
         batch, length, _ = x.shape
 
         def heads_first(y: mx.array, heads: int) -> mx.array:
@@ -112,7 +119,13 @@ class Attention(nn.Module):
         values = heads_first(self.v_proj(x), self.kv_heads)
         offset = 0 if cache is None else cache.offset
         queries, keys = self.rope(queries, offset), self.rope(keys, offset)
-        out, _ = attend(queries, keys, values, self.scale, self.window, cache)
+        if spans:
+            if cache is not None:
+                keys, values = cache.update_and_fetch(keys, values)
+            mask = span_mask(offset, length, keys.shape[2], self.window, spans)
+            out = attend_shared(queries, (keys, values, mask), self.scale)
+        else:
+            out, _ = attend(queries, keys, values, self.scale, self.window, cache)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))
 
 
@@ -127,8 +140,8 @@ class DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(args.hidden_size, eps)
         self.post_feedforward_layernorm = RMSNorm(args.hidden_size, eps)
 
-    def __call__(self, x: mx.array, cache) -> mx.array:
-        h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cache))
+    def __call__(self, x: mx.array, cache, spans: Sequence[Span] = ()) -> mx.array:
+        h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cache, spans))
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
 
@@ -142,11 +155,14 @@ class Decoder(nn.Module):
         self.layers = [DecoderLayer(args, kind) for kind in args.layer_types]
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
-    def __call__(self, tokens: mx.array, cache: list) -> mx.array:
+    def __call__(self, tokens: mx.array, cache: list, media: Sequence[tuple[int, mx.array]] = ()) -> mx.array:
         h = self.embed_tokens(tokens)
         h = h * embedding_scale(self.hidden_size, h.dtype)
+        if media:
+            h = place_media(h, media)
+        spans = spans_of(media)
         for layer, layer_cache in zip(self.layers, cache, strict=True):
-            h = layer(h, layer_cache)
+            h = layer(h, layer_cache, spans)
         return self.norm(h)
 
 
@@ -158,9 +174,10 @@ class Model(nn.Module):
         if not args.tie_word_embeddings:
             self.lm_head = Linear(args.hidden_size, args.vocab_size)
 
-    def __call__(self, tokens: mx.array, cache: list | None = None) -> mx.array:
-        """(batch, length) int32 token ids -> (batch, length, vocab) logits, appending to `cache` when given."""
-        h = self.model(tokens, cache if cache is not None else [None] * self.args.num_hidden_layers)
+    def __call__(self, tokens: mx.array, cache: list | None = None, media: Sequence[tuple[int, mx.array]] = ()) -> mx.array:
+        """(batch, length) int32 token ids -> (batch, length, vocab) logits, appending to `cache` when given; `media`
+        spans (start, (n, hidden) embeddings) take those embeddings and attend bidirectionally."""
+        h = self.model(tokens, cache if cache is not None else [None] * self.args.num_hidden_layers, media)
         return output_logits(self, h)
 
     def make_cache(self) -> list:

@@ -13,6 +13,7 @@ from attrs import define
 
 from plugd.builtins.jinja_renderer import FALLBACK_RENDERER
 from plugd.chat.grammar import grammar_engine, structured
+from plugd.chat.media_prep import MediaPreparer, media_body
 from plugd.chat.models import ResolvedModel, resolve
 from plugd.chat.options import completion_body, resolve_options
 from plugd.chat.request import ChatRequest, Delta, Final, InvalidRequest, ToolChoice, UnparseableOutput
@@ -72,27 +73,31 @@ def _tools(request: ChatRequest) -> list[Tool]:
     return [] if request.tool_choice.mode == "none" else request.tools
 
 
-def _render(render: RenderFunction, model: ResolvedModel, request: ChatRequest, messages: list[Message]) -> Prompt:
+def _render(render: RenderFunction, model: ResolvedModel, request: ChatRequest, messages: list[Message],
+            preparer: MediaPreparer) -> Prompt:
+    """The prompt of `messages`, its images in formats the model takes."""
     try:
         prompt = render(RenderRequest(model.model_files, messages, _tools(request), request.think))
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
-    if prompt.media:
-        raise InvalidRequest(f"model '{model.name}' does not support images")
-    return prompt
+    return Prompt(prompt.text, preparer.prepare(prompt.media))
+
+
+def _tokenize_body(prompt: Prompt) -> dict[str, Any]:
+    return {"text": prompt.text} | ({"media": media_body(prompt.media)} if prompt.media else {})
 
 
 async def _fitted_prompt(render: RenderFunction, model: ResolvedModel, request: ChatRequest, runner: RunnerProcess,
-                         num_ctx: int) -> str:
+                         num_ctx: int, preparer: MediaPreparer) -> Prompt:
     """The rendered conversation, dropping its oldest turns (never system ones, never the last) until it fits num_ctx.
 
-    An assistant turn goes together with the tool results that answer it.
+    An assistant turn goes together with the tool results that answer it (and a turn with its images).
     """
     messages = _conversation(model, request)
     while True:
-        prompt = _render(render, model, request, messages).text
+        prompt = _render(render, model, request, messages, preparer)
         droppable = [i for i, m in enumerate(messages[:-1]) if m.role not in ("system", "developer", "tool")]
-        if not droppable or len((await runner.post("/tokenize", {"text": prompt}))["tokens"]) <= num_ctx:
+        if not droppable or len((await runner.post("/tokenize", _tokenize_body(prompt)))["tokens"]) <= num_ctx:
             return prompt
         end = droppable[0] + 1
         while end < len(messages) - 1 and messages[end].role == "tool":
@@ -194,7 +199,12 @@ async def _prepared(services: Services, request: ChatRequest) -> _Prepared:
 def _whole_prompt(services: Services, model: ResolvedModel, request: ChatRequest) -> Prompt:
     if request.raw_prompt is not None:
         return Prompt(request.raw_prompt)
-    return _render(_renderer(services, model, request), model, request, _conversation(model, request))
+    return _render(_renderer(services, model, request), model, request, _conversation(model, request),
+                   _media_preparer(services, model))
+
+
+def _media_preparer(services: Services, model: ResolvedModel) -> MediaPreparer:
+    return MediaPreparer(services.registry, model.name, model.architecture)
 
 
 async def render_only(services: Services, request: ChatRequest) -> Prompt:
@@ -210,9 +220,9 @@ async def count_tokens(services: Services, request: ChatRequest) -> int:
     prompt, so counting needs no grammar engine.
     """
     prepared = await _prepared(services, request)
-    prompt = _whole_prompt(services, prepared.model, request)
+    prompt = _whole_prompt(services, prepared.model, request)  # images refused here, before a load
     async with services.scheduler.acquire(prepared.model, prepared.options.num_ctx, prepared.keep_alive) as loaded:
-        return len((await loaded.runner.post("/tokenize", {"text": prompt.text}))["tokens"])
+        return len((await loaded.runner.post("/tokenize", _tokenize_body(prompt)))["tokens"])
 
 
 async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta | Final]:
@@ -224,6 +234,8 @@ async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta |
     load_only = not request.messages and not request.raw_prompt
     render = None if load_only or request.raw_prompt is not None else _renderer(services, model, request)
     parser_kind = None if load_only else _parser(services, model, request)
+    preparer = _media_preparer(services, model)
+    preparer.prepare([image for message in request.messages for image in message.images])  # refused before a load
 
     async with services.scheduler.acquire(model, options.num_ctx, keep_alive) as loaded:
         load_duration = time.perf_counter_ns() - started
@@ -231,13 +243,16 @@ async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta |
             yield Final(done_reason="unload" if keep_alive == 0 else "load", load_duration=load_duration,
                         total_duration=time.perf_counter_ns() - started)
             return
-        prompt = request.raw_prompt
+        prompt, media = request.raw_prompt, []
         if render is not None:
-            prompt = await _fitted_prompt(render, model, request, loaded.runner, options.num_ctx)
+            fitted = await _fitted_prompt(render, model, request, loaded.runner, options.num_ctx, preparer)
+            prompt, media = fitted.text, fitted.media
         parser = parser_kind.create(_tools(request), prompt) if parser_kind else _ContentOnly()
         if not request.parallel_tool_calls:
             parser = _FirstCallOnly(parser)
         body = completion_body(options, request.logprobs, request.top_logprobs) | {"prompt": prompt}
+        if media:
+            body["media"] = media_body(media)
         forced = None
         if engine is not None:
             plan = structured(engine, request, parser_kind, prompt)

@@ -18,14 +18,16 @@ tokens inside the structure ends it with done_reason "length".
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import attrs
 import mlx.core as mx
 import mlx.nn as nn
+from PIL import Image
 
 from plugd.runner.cache_policy import RunnerCachePolicy, single_slot
 from plugd.runner.grammar import GrammarRefused, TokenMask
+from plugd.runner.media import inside_run, media_runs
 from plugd.runner.sampling import NEGATIVE_INFINITY, Sampler, SamplingParams
 from plugd.runner.stops import StopMatcher
 from plugd.runner.tokenizer import Detokenizer, Tokenizer
@@ -44,6 +46,9 @@ class CompletionRequest:
     stop: list[str]
     logprobs: bool = False
     top_logprobs: int = 0
+    # Cache keys of the tokens where they differ from them: each position of an image run holds its image's key
+    # (plugd.runner.media); empty for a prompt without images.
+    keys: list[int] = attrs.Factory(list)
 
 
 @attrs.define
@@ -71,11 +76,21 @@ class DoneEvent:
 def fit_context(tokens: Sequence[int], num_ctx: int, num_keep: int) -> list[int]:
     """Truncate the prompt as Ollama does: the first `num_keep` tokens and the most recent ones, leaving room
     for at least one generated token."""
+    return fit_prompt(tokens, tokens, num_ctx, num_keep)[0]
+
+
+def fit_prompt(tokens: Sequence[int], keys: Sequence[int], num_ctx: int, num_keep: int) -> tuple[list[int], list[int]]:
+    """`fit_context` for tokens and their cache keys together; an image is kept whole or dropped whole."""
     limit = max(num_ctx - 1, 1)
     if len(tokens) <= limit:
-        return list(tokens)
+        return list(tokens), list(keys)
     keep = min(max(num_keep, 0), limit - 1)
-    return [*tokens[:keep], *tokens[len(tokens) - (limit - keep) :]]
+    tail = len(tokens) - (limit - keep)
+    while inside_run(keys, keep):
+        keep -= 1
+    while inside_run(keys, tail):
+        tail += 1
+    return [*tokens[:keep], *tokens[tail:]], [*keys[:keep], *keys[tail:]]
 
 
 @attrs.frozen
@@ -136,18 +151,22 @@ class Engine:
         self.logits_width: int = model(mx.zeros((1, 1), mx.int32), cache=model.make_cache()).shape[-1]
 
     def complete(
-        self, request: CompletionRequest, cancelled: Callable[[], bool], grammar: Callable[[], TokenMask] | None = None
+        self, request: CompletionRequest, cancelled: Callable[[], bool], grammar: Callable[[], TokenMask] | None = None,
+        images: Mapping[int, Image.Image] | None = None,
     ) -> Iterator[TokenEvent | DoneEvent]:
         """Token events, then one DoneEvent. `cancelled` is polled between prefill chunks and decode steps.
 
         `grammar`, for structured output, gives the request's TokenMask; it is called once the prefill is
-        done, so that compiling the grammar can overlap the prefill.
+        done, so that compiling the grammar can overlap the prefill. `images` are the prompt's images by
+        the key `request.keys` holds at their positions.
         """
-        prompt = fit_context(request.tokens, request.num_ctx, request.num_keep)
+        prompt, keys = fit_prompt(request.tokens, request.keys or request.tokens, request.num_ctx, request.num_keep)
         if not prompt:
             raise ValueError("a completion needs at least one prompt token")
+        if keys[-1] < 0:
+            raise ValueError("a prompt must not end with an image")
         try:
-            yield from self._complete(prompt, request, cancelled, grammar)
+            yield from self._complete(_Prompt(prompt, keys, images or {}), request, cancelled, grammar)
         except GrammarRefused:
             raise  # refused between prefill and decode: the caches are whole
         except Exception:
@@ -157,44 +176,74 @@ class Engine:
             self.cache.finished()
 
     def _complete(
-        self, prompt: list[int], request: CompletionRequest, cancelled: Callable[[], bool],
+        self, prompt: _Prompt, request: CompletionRequest, cancelled: Callable[[], bool],
         grammar: Callable[[], TokenMask] | None,
     ):
-        tally = _Tally(len(prompt))
+        tally = _Tally(len(prompt.tokens))
         self.cache.reserve(request.num_ctx)
         if not self._prefill(prompt, tally, cancelled):
             yield tally.done("cancel")
             return
-        room = request.num_ctx - len(prompt)
+        room = request.num_ctx - len(prompt.tokens)
         budget = room if request.num_predict < 0 else min(request.num_predict, room)
         if budget <= 0:
             yield tally.done("length")
             return
         mask = grammar() if grammar is not None else None
-        yield from self._decode(prompt, request, budget, tally, cancelled, mask)
+        yield from self._decode(prompt.tokens, request, budget, tally, cancelled, mask)
 
-    def _prefill(self, prompt: list[int], tally: _Tally, cancelled: Callable[[], bool]) -> bool:
+    def _prefill(self, prompt: _Prompt, tally: _Tally, cancelled: Callable[[], bool]) -> bool:
         """Bring the caches up to all but the last prompt token, chunk by chunk; False when cancelled.
 
-        Chunks also end where the cache policy wants to capture a restore point.
+        Chunks also end where the cache policy wants to capture a restore point. Neither ever falls inside
+        an image's run: the image is evaluated whole in one forward (its positions attend to each other).
         """
-        start, end = self.cache.resume(prompt), len(prompt) - 1
-        captures = sorted(set(self.cache.capture_points(start, end)))
+        keys, runs = prompt.keys, media_runs(prompt.keys)
+        start, end = self.cache.resume(keys), len(keys) - 1
+        if inside_run(keys, start):  # no policy restores into an image, since none was ever cut; but be safe
+            self.cache.reset()
+            start = 0
+        embeddings = self._embeddings(prompt, [run for run in runs if run[0] >= start])
+        captures = sorted({_before_run(p, runs) for p in self.cache.capture_points(start, end)})
         while start < end:
             if cancelled():
                 return False
             stop = min([start + self.prefill_chunk, end, *(p for p in captures if p > start)])
-            self._prefill_chunk(prompt[start:stop])
+            stop = _chunk_end(start, stop, runs)
+            media = [(s - start, embeddings[keys[s]]) for s, _ in runs if start <= s < stop]
+            self._prefill_chunk(prompt.tokens[start:stop], keys[start:stop], media)
             tally.prompt_eval_count += stop - start
             self.cache.prefilled()
             start = stop
         return True
 
-    def _prefill_chunk(self, tokens: list[int]) -> None:
-        """Run `tokens` through the model into the caches, evaluated now."""
-        self.model(mx.array(tokens, mx.int32)[None], cache=self.cache.layers)
+    def _embeddings(self, prompt: _Prompt, runs: list[tuple[int, int]]) -> dict[int, mx.array]:
+        """The embeddings of the images in `runs`, by key, each image preprocessed and embedded once, evaluated now."""
+        wanted = list(dict.fromkeys(prompt.keys[start] for start, _ in runs))
+        if not wanted:
+            return {}
+        pixels = [self.model.preprocess(prompt.images[key]) for key in wanted]
+        if len({p.shape for p in pixels}) == 1:
+            embedded = list(self.model.embed_media(mx.stack(pixels)))
+        else:
+            embedded = [self.model.embed_media(p[None])[0] for p in pixels]
+        mx.eval(embedded)
+        by_key = dict(zip(wanted, embedded, strict=True))
+        for start, end in runs:
+            if by_key[prompt.keys[start]].shape[0] != end - start:
+                raise ValueError(f"an image gives {by_key[prompt.keys[start]].shape[0]} embeddings, "
+                                 f"but its placeholder expanded to {end - start} tokens")
+        return by_key
+
+    def _prefill_chunk(self, tokens: list[int], keys: list[int], media: list[tuple[int, mx.array]]) -> None:
+        """Run `tokens` (whose images' spans `media` holds) through the model into the caches, evaluated now."""
+        inputs = mx.array(tokens, mx.int32)[None]
+        if media:
+            self.model(inputs, cache=self.cache.layers, media=media)
+        else:
+            self.model(inputs, cache=self.cache.layers)
         mx.eval([layer.state for layer in self.cache.layers])
-        self.cache.tokens += tokens
+        self.cache.tokens += keys
 
     def _decode(
         self, prompt: list[int], request: CompletionRequest, budget: int, tally: _Tally, cancelled: Callable[[], bool],
@@ -269,6 +318,27 @@ class Engine:
         pending = _PendingToken(token, chosen, top_ids, top_logprobs)
         mx.async_eval(*pending.arrays())
         return pending
+
+
+@attrs.frozen
+class _Prompt:
+    tokens: list[int]
+    keys: list[int]
+    images: Mapping[int, Image.Image]
+
+
+def _before_run(position: int, runs: list[tuple[int, int]]) -> int:
+    """`position`, or the start of the image run it falls inside."""
+    return next((start for start, end in runs if start < position < end), position)
+
+
+def _chunk_end(start: int, stop: int, runs: list[tuple[int, int]]) -> int:
+    """`stop`, moved off any image run it would cut: back to the run's start, or, for a run the chunk begins
+    with, on to its end."""
+    for run_start, run_end in runs:
+        if run_start < stop < run_end:
+            return run_start if run_start > start else run_end
+    return stop
 
 
 def _remaining_text(detokenizer: Detokenizer, stops: StopMatcher) -> str:

@@ -39,6 +39,7 @@ from plugd.runner.cache_policy import chosen_factory, make_policy
 from plugd.runner.generate import CompletionRequest, DoneEvent, Engine, TokenEvent
 from plugd.runner.grammar import GrammarRefused, Grammars, GrammarSpec, GrammarVocabulary, TokenMaskFactory
 from plugd.runner.loading import load_model
+from plugd.runner.media import EncodedPrompt, encode
 from plugd.runner.tokenizer import Tokenizer
 from plugd.types import structure
 
@@ -62,6 +63,10 @@ class ModelHost:
         factory = chosen_factory(plugins.load().named("plugd_cache_policies"))
         log.info("cache policy %s", factory)
         return Engine(model, Tokenizer.from_dir(model_dir), cache_policy=lambda m: make_policy(factory, m))
+
+    def encode(self, text: str, media: list[dict[str, str]]) -> EncodedPrompt:
+        """`text` and its images as the engine takes them; ValueError when the images do not fit the prompt."""
+        return encode(self.engine.model, self.engine.tokenizer, text, media)
 
     def memory(self) -> dict[str, int]:
         return {
@@ -89,11 +94,11 @@ class ModelHost:
 class Completion:
     """One completion, started on the MLX thread at once, its events queued for the HTTP response.
 
-    `prompt`, when given, is tokenized there and replaces `request.tokens`; `grammar` (being compiled) is
-    waited for only once the prefill is done.
+    `prompt`, when given, replaces `request.tokens` and `request.keys`, its images going with it;
+    `grammar` (being compiled) is waited for only once the prefill is done.
     """
 
-    def __init__(self, host: ModelHost, request: CompletionRequest, prompt: str | None,
+    def __init__(self, host: ModelHost, request: CompletionRequest, prompt: EncodedPrompt | None,
                  grammar: Future[TokenMaskFactory] | None):
         self._host = host
         self._loop = asyncio.get_running_loop()
@@ -101,13 +106,15 @@ class Completion:
         self._cancelled = threading.Event()
         self._work = self._loop.run_in_executor(host.mlx, self._produce, request, prompt, grammar)
 
-    def _produce(self, request: CompletionRequest, prompt: str | None, grammar: Future[TokenMaskFactory] | None) -> None:
+    def _produce(self, request: CompletionRequest, prompt: EncodedPrompt | None,
+                 grammar: Future[TokenMaskFactory] | None) -> None:
         put = self._events.put_nowait
         try:
+            images = None
             if prompt is not None:
-                request.tokens = self._host.engine.tokenizer.encode(prompt)
+                request.tokens, request.keys, images = prompt.tokens, prompt.keys, prompt.images
             mask = None if grammar is None else lambda: grammar.result()()
-            for event in self._host.engine.complete(request, self._cancelled.is_set, mask):
+            for event in self._host.engine.complete(request, self._cancelled.is_set, mask, images):
                 self._loop.call_soon_threadsafe(put, event)
         except GrammarRefused:
             pass  # the request was already answered with the refusal
@@ -166,10 +173,15 @@ async def status(request: Request) -> dict[str, Any]:
 @post("/completion", status_code=200)
 async def completion(request: Request) -> Response[Any] | Stream:
     data = await request.json()
-    prompt = data.pop("prompt", None)
+    text = data.pop("prompt", None)
+    media = data.pop("media", [])
     grammar_data = data.pop("grammar", None)
     body = structure({"tokens": []} | data, CompletionRequest)
     host = _host(request)
+    try:
+        prompt = None if text is None else await asyncio.to_thread(host.encode, text, media)
+    except ValueError as exc:
+        return _rejection(str(exc), "media")
     try:
         grammar = None if grammar_data is None else host.grammars.compile(GrammarSpec.parse(grammar_data))
     except GrammarRefused as exc:
@@ -188,14 +200,23 @@ async def completion(request: Request) -> Response[Any] | Stream:
 
 def _refusal(exc: GrammarRefused) -> Response[Any]:
     """A format the runner cannot enforce: a client error, answered before any output."""
-    return Response({"error": str(exc), "kind": "grammar_refused"}, status_code=400)
+    return _rejection(str(exc), "grammar_refused")
+
+
+def _rejection(message: str, kind: str) -> Response[Any]:
+    return Response({"error": message, "kind": kind}, status_code=400)
 
 
 @post("/tokenize", status_code=200)
-async def tokenize(request: Request) -> dict[str, Any]:
-    text = (await request.json())["text"]
+async def tokenize(request: Request) -> Any:
+    """The prompt's tokens, each image placeholder expanded to the image's run of tokens."""
+    data = await request.json()
     # The tokenizers library needs no MLX, so this need not queue behind a generation on the MLX thread.
-    return {"tokens": await asyncio.to_thread(_host(request).engine.tokenizer.encode, text)}
+    try:
+        prompt = await asyncio.to_thread(_host(request).encode, data["text"], data.get("media", []))
+    except ValueError as exc:
+        return _rejection(str(exc), "media")
+    return {"tokens": prompt.tokens}
 
 
 @post("/detokenize", status_code=200)

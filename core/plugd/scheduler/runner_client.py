@@ -124,7 +124,8 @@ class RunnerProcess:
         except httpx.TransportError:
             raise RunnerError(self.failure() if self.process.returncode is not None else "runner unreachable") from None
         if response.is_error:
-            raise RunnerError(response.json().get("error", response.text))
+            error = RunnerRejected if response.status_code == 400 else RunnerError
+            raise error(response.json().get("error", response.text))
         return response.json()
 
     async def status(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 from attrs import define, field
 
 from plugd.builtins.jinja_renderer import FALLBACK_RENDERER
-from plugd.hookspecs import ModelFiles
+from plugd.hookspecs import Architecture, ModelFiles
 from plugd.plugins import Registry
 from plugd.store import manifests as mt
 from plugd.store.manifests import Layer, Manifest
@@ -113,14 +113,15 @@ def _quantized(store: Store, registry: Registry, draft: _Draft, config: dict[str
     return files, read_json(store, files, "config.json", required=True), _tensors(store, quantized)
 
 
-def infer_capabilities(config: dict[str, Any], chat_template: str | None) -> list[str]:
+def infer_capabilities(chat_template: str | None, architecture: Architecture | None) -> list[str]:
+    """What the model can do, read from its chat template; `vision` when its architecture has an image tower."""
     template = chat_template or ""
     found = ["completion"]
     if "tools" in template:
         found.append("tools")
     if "<think>" in template or "enable_thinking" in template or "reasoning_content" in template:
         found.append("thinking")
-    if "vision_config" in config:
+    if architecture is not None and architecture.media_types:
         found.append("vision")
     return found
 
@@ -193,7 +194,8 @@ def create_model(store: Store, registry: Registry, req: CreateRequest, status: C
     base = draft.base_config
     capabilities = req.capabilities
     if capabilities is None:
-        capabilities = base.get("capabilities") or infer_capabilities(config, template)
+        capabilities = base.get("capabilities") or infer_capabilities(
+            template, registry.architectures().get(config["model_type"]))
     if unknown := set(capabilities) - set(CAPABILITIES):
         raise CreateError(f"unknown capabilities {sorted(unknown)}; known: {', '.join(CAPABILITIES)}")
     params_layer = draft.extra.get(mt.PARAMS)

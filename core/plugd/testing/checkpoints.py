@@ -181,4 +181,6 @@ def write_checkpoint(
     if shards > 1:
         index = {"metadata": {"total_size": sum(w.size * w.itemsize for w in weights.values())}, "weight_map": weight_map}
         (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    if model_type in gemma_checkpoints.EXTRA_FILES:
+        gemma_checkpoints.EXTRA_FILES[model_type](path, config)
     return path

@@ -1,6 +1,6 @@
-"""Tiny checkpoints of the Gemma text model types, registered into plugd.testing.checkpoints.
+"""Tiny checkpoints of the Gemma model types, registered into plugd.testing.checkpoints.
 
-    write_checkpoint(tmp_path / "m", "gemma3_text")    # also "gemma4_text"
+    write_checkpoint(tmp_path / "m", "gemma3_text")    # also "gemma4_text", "gemma3"
 
 Both have a 32-position sliding window, so prompts of a few dozen tokens
 already rotate the sliding layers' caches. gemma3_text is written in the
@@ -9,12 +9,30 @@ that mlx-lm reads; gemma4_text as transformers 5 writes it (layer_types,
 rope_parameters per layer type), with KV-sharing layers, wider global heads,
 per-layer inputs and soft-capped logits. Both tie the output projection to the
 embeddings, as the hub checkpoints do.
+
+gemma3 is Gemma3ForConditionalGeneration in the hub's weight layout: the
+gemma3_text model under `language_model.`, a 2-layer SigLIP tower on 56-pixel
+images (8 x 8 patches of 7) pooled to 16 image tokens. Its tokenizer is the
+tiny one plus Gemma's turn and image tokens appended (the config's
+boi/eoi/image token indices point at them), with the Gemma 3 chat template and
+a preprocessor_config.json as the hub's.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from tokenizers import Tokenizer
+
+from plugd.testing import tokenizer as tiny_tokenizer
+
+GEMMA3_CHAT_TEMPLATE = Path(__file__).resolve().parents[3] / "../shared/reference/chat_templates/gemma3.jinja"
+# Appended to the tiny vocabulary in this order; the last three are the image tokens.
+GEMMA_TOKENS = ("<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>",
+                "<image_soft_token>")
 
 Shapes = dict[str, tuple[int, ...]]
 
@@ -71,7 +89,28 @@ _GEMMA4_TEXT: dict[str, Any] = {
     "tie_word_embeddings": True,
 }
 
-BASE_CONFIGS: dict[str, dict[str, Any]] = {"gemma3_text": _GEMMA3_TEXT, "gemma4_text": _GEMMA4_TEXT}
+_GEMMA3: dict[str, Any] = {
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "model_type": "gemma3",
+    "text_config": {key: value for key, value in _GEMMA3_TEXT.items() if key != "architectures"},
+    "vision_config": {
+        "model_type": "siglip_vision_model",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": 56,
+        "patch_size": 7,
+        "num_channels": 3,
+        "layer_norm_eps": 1e-6,
+        "hidden_act": "gelu_pytorch_tanh",
+        "vision_use_head": False,
+    },
+    "mm_tokens_per_image": 16,
+    "tie_word_embeddings": True,
+}
+
+BASE_CONFIGS: dict[str, dict[str, Any]] = {"gemma3_text": _GEMMA3_TEXT, "gemma4_text": _GEMMA4_TEXT, "gemma3": _GEMMA3}
 
 
 def _decoder_shapes(c: dict[str, Any]) -> Shapes:
@@ -146,8 +185,90 @@ def _gemma4_text_layout(config: dict[str, Any]) -> dict[str, Any]:
     return {"vocab_size_per_layer_input": config["vocab_size"], **config}
 
 
+def _gemma3_shapes(c: dict[str, Any]) -> Shapes:
+    shapes = {"language_model." + name: shape for name, shape in _gemma3_text_shapes(c["text_config"]).items()}
+    v = c["vision_config"]
+    h, patch, channels = v["hidden_size"], v["patch_size"], v["num_channels"]
+    tower = "vision_tower.vision_model."
+    shapes |= {
+        tower + "embeddings.patch_embedding.weight": (h, channels, patch, patch),
+        tower + "embeddings.patch_embedding.bias": (h,),
+        tower + "embeddings.position_embedding.weight": ((v["image_size"] // patch) ** 2, h),
+        tower + "post_layernorm.weight": (h,),
+        tower + "post_layernorm.bias": (h,),
+        "multi_modal_projector.mm_input_projection_weight": (h, c["text_config"]["hidden_size"]),
+        "multi_modal_projector.mm_soft_emb_norm.weight": (h,),
+    }
+    linears = {"self_attn.q_proj": (h, h), "self_attn.k_proj": (h, h), "self_attn.v_proj": (h, h),
+               "self_attn.out_proj": (h, h), "mlp.fc1": (v["intermediate_size"], h), "mlp.fc2": (h, v["intermediate_size"])}
+    for i in range(v["num_hidden_layers"]):
+        p = f"{tower}encoder.layers.{i}."
+        for name, shape in linears.items():
+            shapes |= {p + name + ".weight": shape, p + name + ".bias": shape[:1]}
+        for norm in ("layer_norm1", "layer_norm2"):
+            shapes |= {p + norm + ".weight": (h,), p + norm + ".bias": (h,)}
+    return shapes
+
+
+def _gemma3_layout(config: dict[str, Any]) -> dict[str, Any]:
+    """GEMMA_TOKENS follow the tiny tokenizer's own tokens; the embedding covers them all."""
+    base = tiny_tokenizer.train(config["vocab_size"]).get_vocab_size()
+    ids = {token: base + i for i, token in enumerate(GEMMA_TOKENS)}
+    vocab_size = max(config["vocab_size"], base + len(GEMMA_TOKENS))
+    return {
+        **config,
+        "vocab_size": vocab_size,
+        "text_config": {**config["text_config"], "vocab_size": vocab_size},
+        "boi_token_index": ids["<start_of_image>"],
+        "eoi_token_index": ids["<end_of_image>"],
+        "image_token_index": ids["<image_soft_token>"],
+        "eos_token_id": [ids["<eos>"], ids["<end_of_turn>"]],
+    }
+
+
+def _gemma3_files(path: Path, config: dict[str, Any]) -> None:
+    """Gemma's tokens appended to the written tokenizer, the Gemma 3 chat template, and the image processor's config."""
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tok.add_special_tokens(list(GEMMA_TOKENS))
+    if tok.token_to_id("<image_soft_token>") != config["image_token_index"]:
+        raise ValueError("a gemma3 checkpoint takes the tiny tokenizer only")
+    tok.save(str(path / "tokenizer.json"))
+    tokenizer_config = json.loads((path / "tokenizer_config.json").read_text())
+    tokenizer_config |= {
+        "bos_token": "<bos>",
+        "add_bos_token": True,
+        "eos_token": "<end_of_turn>",
+        "boi_token": "<start_of_image>",
+        "eoi_token": "<end_of_image>",
+        "image_token": "<image_soft_token>",
+        "chat_template": GEMMA3_CHAT_TEMPLATE.read_text(),
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": config["eos_token_id"], "top_k": 64}))
+    size = config["vision_config"]["image_size"]
+    processor = {
+        "image_processor_type": "Gemma3ImageProcessor",
+        "processor_class": "Gemma3Processor",
+        "do_convert_rgb": None,
+        "do_resize": True,
+        "size": {"height": size, "width": size},
+        "resample": 2,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "do_pan_and_scan": None,
+        "image_seq_length": config["mm_tokens_per_image"],
+    }
+    (path / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
+
+
 SHAPES: dict[str, Callable[[dict[str, Any]], Shapes]] = {
     "gemma3_text": _gemma3_text_shapes,
     "gemma4_text": _gemma4_text_shapes,
+    "gemma3": _gemma3_shapes,
 }
-LAYOUTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"gemma4_text": _gemma4_text_layout}
+LAYOUTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"gemma4_text": _gemma4_text_layout, "gemma3": _gemma3_layout}
+# Files beyond the common ones, written last from the final config.
+EXTRA_FILES: dict[str, Callable[[Path, dict[str, Any]], None]] = {"gemma3": _gemma3_files}
