@@ -149,11 +149,15 @@ def test_an_interrupted_pull_resumes_on_the_next_pull(source, front, tmp_path):
     assert target.list() == [] and not target.blobs.exists(layer.digest)
     partial = target.blobs.root / PARTIAL_DIR / layer.digest.replace(":", "-")
     assert partial.stat().st_size == cut_at
+    finished = target.blobs.digests()
+    assert finished and layer.digest not in finished
 
+    Store(target.root).prune()  # as a daemon restarting does: the pull's finished blobs and partial stay
+    assert target.blobs.digests() == finished and partial.stat().st_size == cut_at
     front.rules.clear()
     front.log.clear()
     pull_model(target, via(front, name))
-    assert [r for _, path, r in front.blob_gets() if layer.digest in path] == [f"bytes={cut_at}-{layer.size - 1}"]
+    assert [r for _, path, r in front.blob_gets()] == [f"bytes={cut_at}-{layer.size - 1}"]
     assert served[0] == layer.size
     assert_pulled_intact(target, store, name, via(front, name))
 

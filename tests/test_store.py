@@ -2,7 +2,10 @@
 
 import hashlib
 import json
+import mmap
+import os
 import threading
+import time
 
 import pytest
 from safetensors.numpy import load_file
@@ -12,6 +15,7 @@ from plugd.store import manifests as mt
 from plugd.store.blobs import DigestMismatch, InvalidDigest
 from plugd.store.create import CreateError, CreateRequest, create_model
 from plugd.store.names import ModelName
+from plugd.store.partial import PARTIAL_DIR, RECORD_PREFIX, STALE_AFTER, Part, PartialBlob, remove_stale
 from plugd.store.store import CorruptModel, ModelNotFound, Store
 from plugd.testing.checkpoints import write_checkpoint
 
@@ -253,3 +257,113 @@ def test_create_quantized_errors(store, registry, tiny_qwen3):
     create(store, registry, name="q", files=files, quantize="q4")
     with pytest.raises(CreateError, match="already quantized"):
         create(store, registry, name="qq", from_="q", quantize="q8")
+
+
+# ---- what pulls leave behind, and pruning ---------------------------------------------------------------------
+
+def pulled_manifest(store: Store, blobs: list[bytes]) -> mt.Manifest:
+    """A manifest over `blobs`, of which only the first is in the store (as when a pull stopped after it)."""
+    config, *layers = (mt.Layer(mt.CONFIG_MEDIA_TYPE if i == 0 else mt.MODEL_FILE, digest_of(b), len(b))
+                       for i, b in enumerate(blobs))
+    upload(store, blobs[0])
+    return mt.Manifest(config=config, layers=layers)
+
+
+def age(path, days: float) -> None:
+    then = time.time() - days * 24 * 3600
+    os.utime(path, (then, then))
+
+
+def records(store: Store) -> list:
+    return sorted((store.blobs.root / PARTIAL_DIR).glob(f"{RECORD_PREFIX}*"))
+
+
+def test_a_running_pull_keeps_its_blobs_from_prune_and_delete(store, registry, tiny_qwen3):
+    create(store, registry, files=upload_dir(store, tiny_qwen3))
+    manifest = pulled_manifest(store, [b'{"pulled": 1}', b"weights"])
+    shared = store.get(ModelName.parse("tiny")).manifest.config
+    manifest = mt.Manifest(config=manifest.config, layers=[*manifest.layers, shared])
+    with store.pulling(manifest):
+        (record,) = records(store)
+        age(record, 30)  # however old, a record a pull holds is live
+        Store(store.root).prune()
+        store.delete(ModelName.parse("tiny"))
+        assert store.blobs.exists(manifest.config.digest) and store.blobs.exists(shared.digest)
+        upload(store, b"weights")
+        store.put(ModelName.parse("pulled"), manifest)
+    assert records(store) == []
+    store.prune()
+    assert store.blobs.exists(shared.digest)
+
+
+def test_an_interrupted_pull_is_kept_for_a_while_then_cleaned(store):
+    manifest = pulled_manifest(store, [b'{"pulled": 2}', b"weights, half there"])
+    partial = store.blobs.root / PARTIAL_DIR / manifest.layers[0].digest.replace(":", "-")
+    with pytest.raises(RuntimeError), store.pulling(manifest):
+        with PartialBlob(store.blobs, manifest.layers[0].digest, manifest.layers[0].size) as download:
+            download.write(b"weights", 0)
+            download.save([Part(0, manifest.layers[0].size, 7)])
+        raise RuntimeError("the connection went away")
+    (record,) = records(store)
+    store.prune()
+    assert store.blobs.exists(manifest.config.digest) and partial.exists() and record.exists()
+
+    for path in (record, partial, partial.with_name(partial.name + ".parts")):
+        age(path, STALE_AFTER / 86400 + 1)
+    store.prune()
+    assert not store.blobs.exists(manifest.config.digest)
+    assert list((store.blobs.root / PARTIAL_DIR).iterdir()) == []
+
+
+def test_stale_partials_are_removed_unless_a_download_holds_them(store):
+    held_data, left_data = b"downloading now", b"abandoned"
+    held_digest, left_digest = digest_of(held_data), digest_of(left_data)
+    orphan = store.blobs.root / PARTIAL_DIR / ("sha256-" + "0" * 64 + ".parts")
+    with PartialBlob(store.blobs, held_digest, len(held_data)) as held:
+        with PartialBlob(store.blobs, left_digest, len(left_data)) as left:
+            left.save([Part(0, len(left_data), 0)])
+        orphan.write_text("{}")
+        for path in (held.path, left.path, left.parts_path):
+            age(path, STALE_AFTER / 86400 + 1)
+        fresh = PartialBlob(store.blobs, digest_of(b"fresh"), 5)
+        with fresh:
+            pass
+        store.prune()
+        assert held.path.exists() and fresh.path.exists()
+        assert not left.path.exists() and not left.parts_path.exists() and not orphan.exists()
+        held.write(held_data, 0)
+        assert held.publish() == store.blobs.path(held_digest)
+
+
+def test_a_download_that_opens_a_partial_as_it_is_pruned_starts_a_new_file(store):
+    data = b"abandoned, then resumed"
+    first = PartialBlob(store.blobs, digest_of(data), len(data))
+    with first:
+        first.write(b"abandoned", 0)
+    age(first.path, STALE_AFTER / 86400 + 1)
+    opened = os.open(first.path, os.O_RDONLY)  # another process is between its open and its lock
+    try:
+        remove_stale(store.blobs)
+        assert not first.path.exists()
+        with PartialBlob(store.blobs, digest_of(data), len(data)) as second:
+            assert os.fstat(second.fd).st_ino != os.fstat(opened).st_ino and second.path.exists()
+    finally:
+        os.close(opened)
+
+
+def test_a_partial_blob_takes_aligned_and_unaligned_writes(store):
+    """Whole blocks from a page-aligned buffer may go around the page cache (direct I/O), the rest through it
+    (an unaligned offset, size or buffer); the file holds every byte either way."""
+    block = 4096
+    aligned = mmap.mmap(-1, 4 * block)
+    aligned.write(bytes(range(256)) * (4 * block // 256))
+    tail, unaligned = b"tail, an odd size", memoryview(bytearray(b"x" * (2 * block + 1)))[1:]
+    data = bytes(aligned) + bytes(unaligned) + tail
+    with PartialBlob(store.blobs, digest_of(data), len(data)) as download:
+        download.write(memoryview(aligned), 0)
+        download.write(unaligned, 4 * block)  # aligned offset and size, unaligned buffer
+        download.write(tail, 6 * block)
+        download.write(memoryview(aligned)[:block], 0)  # rewritten in place, as a retried range is
+        assert os.pread(download.fd, len(data), 0) == data
+        download.publish()
+    assert store.blobs.path(digest_of(data)).read_bytes() == data

@@ -13,9 +13,9 @@ from contextlib import contextmanager
 
 import httpx
 
-from plugd.registry.auth import TokenAuth
+from plugd.registry.auth import RegistryAuth
 from plugd.registry.bulk import BulkTransport
-from plugd.registry.errors import AuthenticationFailed, RegistryError, RegistryUnreachable, UnknownModel, UnsafeTarget
+from plugd.registry.errors import RegistryError, RegistryUnreachable, UnknownModel, UnsafeTarget
 from plugd.registry.transport import (
     AddressPolicy,
     GuardedBackend,
@@ -45,7 +45,7 @@ class RegistryClient:
         self.http = httpx.Client(transport=GuardedTransport(backend, context), timeout=TIMEOUT, trust_env=False)
         self.bulk = httpx.Client(transport=BulkTransport(backend, context), timeout=TIMEOUT, trust_env=False)
         scopes = [f"repository:{self.repository}:{'pull,push' if push else 'pull'}", *extra_scopes]
-        self.auth = TokenAuth(name.host, scopes, lambda url: self._follow("GET", url, authorize=False))
+        self.auth = RegistryAuth(name.host, scopes, lambda url, headers: self._follow("GET", url, headers, authorize=False))
         try:
             self.base = self._choose_base()
         except BaseException:
@@ -78,28 +78,31 @@ class RegistryClient:
 
     def send(self, method: str, url: httpx.URL | str, *, headers: dict[str, str] | None = None, body: Body = None,
              stream: bool = False, bulk: bool = False) -> httpx.Response:
-        """A request with the session's token; answers one bearer challenge and follows redirects, checking each hop.
+        """A request with the session's Authorization; answers one challenge (bearer or Basic) and follows redirects,
+        checking each hop.
         `bulk` sends it over the transport for large bodies (`plugd.registry.bulk`)."""
-        token = self.auth.token
+        authorization = self.auth.authorization
         response = self._follow(method, url, headers, body, stream, bulk=bulk)
         if response.status_code == 401:
             response.close()
-            self.auth.answer(response, token)
+            self.auth.answer(response, authorization)
             response = self._follow(method, url, headers, body, stream, bulk=bulk)
             if response.status_code == 401:
                 response.read()
-                raise AuthenticationFailed(f"registry {self.name.host} refused access to {self.repository}: "
-                                           f"{registry_errors(response) or 'unauthorized'}")
+                raise self.auth.refused(self.repository, registry_errors(response) or "unauthorized")
         return response
 
     def _follow(self, method: str, url: httpx.URL | str, headers: dict[str, str] | None = None, body: Body = None,
                 stream: bool = False, authorize: bool = True, bulk: bool = False) -> httpx.Response:
         http = self.bulk if bulk else self.http
         url = httpx.URL(url)
+        origin = _origin(url)
         for _ in range(MAX_REDIRECTS + 1):
             check_target(self.base, url)
             sent = dict(headers or {})
-            if authorize and self._same_origin(url):  # a token never leaves the registry, e.g. for a CDN
+            if _origin(url) != origin:  # credentials a caller gave stay with the origin it gave them for
+                sent = {key: value for key, value in sent.items() if key.lower() != "authorization"}
+            if authorize and _origin(url) == _origin(self.base):  # a token never leaves the registry, e.g. for a CDN
                 sent |= self.auth.header()
             request = http.build_request(method, url, headers=sent, content=body() if callable(body) else body)
             response = http.send(request, stream=True)
@@ -112,9 +115,6 @@ class RegistryClient:
             if response.status_code == 303:
                 method, body = "GET", None
         raise UnsafeTarget(f"registry {self.name.host} redirected plugd more than {MAX_REDIRECTS} times")
-
-    def _same_origin(self, url: httpx.URL) -> bool:
-        return (url.scheme, url.host, url.port) == (self.base.scheme, self.base.host, self.base.port)
 
     def url(self, path: str) -> httpx.URL:
         return httpx.URL(f"{self.base}{self.repository}/{path}")
@@ -192,6 +192,10 @@ class RegistryClient:
         if "location" not in response.headers:
             raise RegistryError(f"registry {self.name.host} sent no Location for the upload")
         return response.url.join(response.headers["location"])
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    return url.scheme, url.host, url.port
 
 
 def registry_errors(response: httpx.Response) -> str:

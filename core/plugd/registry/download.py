@@ -4,19 +4,26 @@ land, verified, then published into the store.
 A blob starts as one part (or as planned by `Tuning.part_size`). A part whose connection turns out slow hands
 its second half to an idle connection, again and again while connections are idle: a fast link keeps one
 in-order stream per blob (hashing keeps up with it and has little left at the end), a slow one gets parallel
-ranges. The thread that runs `BlobDownload.run` hashes the file's contiguous downloaded prefix while parts are
-still arriving. A part that fails is retried from where it stopped; after an interruption the next pull
-continues every part from its recorded progress (the `.parts` file of `plugd.store.partial`).
+ranges. The thread that runs `BlobDownload.run` hashes the blob in order while parts are still arriving, on a
+core of its own: the fetch at the front hands it each chunk in the buffer it was read into (a few buffers per
+fetch, so reading the socket, writing and hashing overlap), and whatever landed out of order is read back
+from the file once everything before it is in. A part that fails is retried from where it stopped; after an
+interruption the next pull continues every part from its recorded progress (the `.parts` file of
+`plugd.store.partial`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
+import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from functools import partial as bind
 
 import httpx
 from attrs import define
@@ -26,13 +33,14 @@ from plugd.registry.client import RegistryClient
 from plugd.registry.errors import BlobCorrupt, DiskFull, RegistryError, RegistryUnreachable, TransferCancelled
 from plugd.registry.progress import Progress
 from plugd.store.manifests import Layer
-from plugd.store.partial import Part, PartialBlob, is_disk_full, plan_parts
+from plugd.store.partial import DIRECT_BLOCK, Part, PartialBlob, is_disk_full, plan_parts
 from plugd.store.store import Store
 
 RETRIES = 3  # failed attempts in a row, without progress, before a part gives up
 BACKOFF = 0.5  # seconds, times the attempt number
-HASH_BLOCK = 8 << 20
-BUFFER_SIZE = 1 << 20  # bytes per read from the socket
+HASH_BLOCK = 8 << 20  # bytes per read of the partial file, for parts that landed out of order
+BUFFER_SIZE = 4 << 20  # bytes per read from the socket
+BUFFERS = 3  # per part being fetched: one filling from the socket while others wait for the hasher
 SAVE_INTERVAL = 1.0  # seconds between records of the parts' progress
 CHECK_INTERVAL = 0.25  # seconds between looks at how the parts are doing
 
@@ -103,6 +111,16 @@ def frontier(parts: list[Part]) -> int:
     return ready
 
 
+@define(frozen=True)
+class _Landed:
+    """A chunk just written to the partial file, handed to the hasher in the fetch's buffer; `release` gives the
+    buffer back to the fetch."""
+
+    offset: int
+    data: memoryview
+    release: Callable[[], None]
+
+
 class BlobDownload:
     def __init__(self, client: RegistryClient, store: Store, layer: Layer, connections: Connections,
                  progress: Progress, cancel: threading.Event, tuning: Tuning):
@@ -119,6 +137,8 @@ class BlobDownload:
         self.stopping = False
         self.fetches: list[Future] = []
         self.began: dict[int, tuple[float, int]] = {}  # part offset -> (when its current fetch began, done then)
+        self.landed: deque[_Landed] = deque()  # chunks handed to the hasher in memory, in order
+        self.handed = 0  # bytes from the start of the blob the hasher has been handed (in memory or to read back)
 
     def run(self) -> None:
         with PartialBlob(self.store.blobs, self.digest, self.size) as partial:
@@ -157,6 +177,7 @@ class BlobDownload:
 
     def _download(self, partial: PartialBlob, parts: list[Part], may_split: bool = True) -> str:
         self.failure, self.stopping, self.fetches, self.began = None, False, [], {}
+        self.landed, self.handed = deque(), 0
         with self.changed:
             for part in parts:
                 if part.remaining:
@@ -171,26 +192,22 @@ class BlobDownload:
         self.fetches.append(self.connections.submit(lambda: self._fetch(partial, part)))
 
     def _hash_as_it_lands(self, partial: PartialBlob, parts: list[Part], may_split: bool) -> str:
+        """Hash the blob in order: chunks handed over in memory by the fetch at the front, the rest (parts that
+        landed ahead of it, or before an interruption) read back from the file once everything before it is in."""
         sha = hashlib.sha256()
         hashed, last_saved = 0, time.monotonic()
-        view = memoryview(bytearray(HASH_BLOCK))
+        block = memoryview(bytearray(HASH_BLOCK))
         while hashed < self.size:
-            with self.changed:
-                while (ready := frontier(parts)) <= hashed and self.failure is None and not self.cancel.is_set():
-                    self.changed.wait(CHECK_INTERVAL)
-                    self.progress.layer(self.digest, self.size, sum(p.done for p in parts))
-                    if may_split:
-                        self._maybe_split(partial, parts)
-            if self.failure is not None:
-                raise self.failure
-            if self.cancel.is_set():
-                raise TransferCancelled(f"pull of blob {self.digest} cancelled")
-            start = hashed
+            chunk, start, ready = self._next_to_hash(partial, parts, may_split)
+            if chunk is not None:
+                sha.update(chunk.data)
+                chunk.release()
+                hashed += len(chunk.data)
             while hashed < ready:
-                count = os.preadv(partial.fd, [view[: min(HASH_BLOCK, ready - hashed)]], hashed)
+                count = os.preadv(partial.fd, [block[: min(HASH_BLOCK, ready - hashed)]], hashed)
                 if count == 0:
                     raise RegistryError(f"the download of blob {self.digest} lost data ({partial.path} was truncated)")
-                sha.update(view[:count])
+                sha.update(block[:count])
                 hashed += count
             partial.start_writeback(start, hashed - start)
             self.progress.layer(self.digest, self.size, sum(p.done for p in parts))
@@ -198,6 +215,25 @@ class BlobDownload:
                 partial.save(parts)
                 last_saved = time.monotonic()
         return "sha256:" + sha.hexdigest()
+
+    def _next_to_hash(self, partial: PartialBlob, parts: list[Part], may_split: bool) -> tuple[_Landed | None, int, int]:
+        """Wait for more of the blob in order: (a chunk in memory, its offset, 0), or (None, start, end) of a
+        stretch to read back from the file."""
+        with self.changed:
+            while not self.landed and frontier(parts) <= self.handed:
+                if self.failure is not None:
+                    raise self.failure
+                if self.cancel.is_set():
+                    raise TransferCancelled(f"pull of blob {self.digest} cancelled")
+                self.changed.wait(CHECK_INTERVAL)
+                self.progress.layer(self.digest, self.size, sum(p.done for p in parts))
+                if may_split:
+                    self._maybe_split(partial, parts)
+            if self.landed:
+                chunk = self.landed.popleft()
+                return chunk, chunk.offset, 0
+            start, self.handed = self.handed, frontier(parts)
+            return None, start, self.handed
 
     def _maybe_split(self, partial: PartialBlob, parts: list[Part]) -> None:
         """Give the second half of one slow part to an idle connection (called holding `changed`)."""
@@ -255,12 +291,15 @@ class BlobDownload:
             if int(response.headers.get("content-length", -1)) > part.end - start:
                 raise RegistryError(f"registry {self.client.name.host} sent more of blob {self.digest} than asked")
             body: BulkBody = response.extensions[BODY]
-            buffer = memoryview(bytearray(BUFFER_SIZE))
+            buffers: queue.SimpleQueue[memoryview] = queue.SimpleQueue()
+            for _ in range(BUFFERS):
+                buffers.put(memoryview(mmap.mmap(-1, BUFFER_SIZE)))  # page-aligned, as direct I/O needs
             with self.changed:
                 self.began[part.offset] = (time.monotonic(), part.done)
             position, end = start, part.end
             while position < end:
-                count = body.readinto(buffer)
+                buffer = self._free_buffer(buffers)
+                count = body.readinto(buffer[: BUFFER_SIZE - position % DIRECT_BLOCK])  # the next read starts aligned
                 if self.stopping or self.cancel.is_set():
                     raise _Stopped()
                 if not count:
@@ -271,7 +310,21 @@ class BlobDownload:
                 if count <= 0:
                     return
                 partial.write(buffer[:count], position)
-                position += count
                 with self.changed:
+                    if position == self.handed:  # the hasher's next bytes: hand them over in memory
+                        self.landed.append(_Landed(position, buffer[:count], bind(buffers.put, buffer)))
+                        self.handed = position + count
+                    else:
+                        buffers.put(buffer)
+                    position += count
                     part.done = min(position - part.offset, part.size)
                     self.changed.notify_all()
+
+    def _free_buffer(self, buffers: queue.SimpleQueue[memoryview]) -> memoryview:
+        """A buffer the hasher is done with (it holds the others until it has hashed them)."""
+        while True:
+            try:
+                return buffers.get(timeout=CHECK_INTERVAL)
+            except queue.Empty:
+                if self.stopping or self.cancel.is_set():
+                    raise _Stopped() from None

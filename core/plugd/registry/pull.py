@@ -31,18 +31,19 @@ def pull_model(store: Store, name: ModelName, *, insecure: bool = False, emit: E
     with unreachable_as_error(name), RegistryClient(name, insecure=insecure) as client:
         manifest = client.get_manifest()
         layers = _layers(manifest, name)
-        missing = [layer for layer in layers if not store.blobs.exists(layer.digest)]
-        for layer in layers:
-            if layer not in missing:
-                progress.layer(layer.digest, layer.size, layer.size)
-        _ensure_space(store, name, missing)
-        with Connections(connections) as parts:
-            downloads = [BlobDownload(client, store, layer, parts, progress, cancel, tuning) for layer in missing]
-            # A blob's thread mostly waits for its parts and hashes them; many can wait while `connections` fetch.
-            run_all([d.run for d in downloads], BLOBS_AT_ONCE, cancel, "plugd-pull")
-    progress.status("verifying sha256 digest")
-    progress.status("writing manifest")
-    store.put(name, manifest)
+        with store.pulling(manifest):
+            missing = [layer for layer in layers if not store.blobs.exists(layer.digest)]
+            for layer in layers:
+                if layer not in missing:
+                    progress.layer(layer.digest, layer.size, layer.size)
+            _ensure_space(store, name, missing)
+            with Connections(connections) as parts:
+                downloads = [BlobDownload(client, store, layer, parts, progress, cancel, tuning) for layer in missing]
+                # A blob's thread mostly waits for its parts and hashes them; many wait while `connections` fetch.
+                run_all([d.run for d in downloads], BLOBS_AT_ONCE, cancel, "plugd-pull")
+            progress.status("verifying sha256 digest")
+            progress.status("writing manifest")
+            store.put(name, manifest)
     progress.status("success")
 
 

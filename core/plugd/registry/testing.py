@@ -135,12 +135,26 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class TokenServer(_Served):
-    """Issues a signed token (RS256, certificate in `x5c`) granting whatever scopes are asked; records the asks."""
+    """Issues a signed token (RS256, certificate in `x5c`) granting whatever scopes are asked; records the asks
+    and the Authorization headers they came with. With `users` (name -> password) it answers only requests with
+    one of their Basic credentials, others get 401."""
 
-    def __init__(self, certificate: Certificate):
+    def __init__(self, certificate: Certificate, users: dict[str, str] | None = None):
         self.certificate = certificate
+        self.users = users
         self.requests: list[dict[str, list[str]]] = []
+        self.authorizations: list[str | None] = []
         super().__init__(_TokenHandler)
+
+    def admits(self, authorization: str | None) -> bool:
+        if self.users is None:
+            return True
+        scheme, _, encoded = (authorization or "").partition(" ")
+        try:
+            user, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+        except ValueError:
+            return False
+        return scheme == "Basic" and self.users.get(user) == password
 
     def token(self, scopes: list[str]) -> str:
         header = {"typ": "JWT", "alg": "RS256", "x5c": [self.certificate.der_b64]}
@@ -160,15 +174,20 @@ class _TokenHandler(_Handler):
         owner: TokenServer = self.server.owner  # type: ignore[attr-defined]
         query = parse_qs(urlsplit(self.path).query)
         owner.requests.append(query)
+        owner.authorizations.append(self.headers.get("Authorization"))
+        if not owner.admits(self.headers.get("Authorization")):
+            self.reply(401, b'{"details": "bad credentials"}', {"WWW-Authenticate": 'Basic realm="tokens"'})
+            return
         token = owner.token(query.get("scope", []))
         self.reply(200, json.dumps({"token": token, "expires_in": 300}).encode(), {"Content-Type": "application/json"})
 
 
 class DockerRegistry:
     """`docker-registry serve` on a free loopback port, storing under `root`; with `token`, it demands bearer
-    tokens from that server."""
+    tokens from that server; with `users` (name -> password), Basic credentials (an htpasswd file: needs the
+    `bcrypt` package)."""
 
-    def __init__(self, root: Path, token: TokenServer | None = None):
+    def __init__(self, root: Path, token: TokenServer | None = None, users: dict[str, str] | None = None):
         binary = registry_binary()
         if binary is None:
             raise RuntimeError("no docker-registry binary (Debian package docker-registry)")
@@ -185,6 +204,8 @@ class DockerRegistry:
         if token is not None:
             config["auth"] = {"token": {"realm": f"{token.url}/token", "service": TOKEN_SERVICE,
                                         "issuer": TOKEN_ISSUER, "rootcertbundle": str(token.certificate.cert)}}
+        if users is not None:
+            config["auth"] = {"htpasswd": {"realm": "plugd-test", "path": str(_htpasswd(root, users))}}
         (root / "config.yml").write_text(json.dumps(config))  # JSON is YAML
         self.log_path = root / "registry.log"
         with self.log_path.open("wb") as log:
@@ -219,6 +240,15 @@ class DockerRegistry:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _htpasswd(root: Path, users: dict[str, str]) -> Path:
+    import bcrypt  # a test dependency only
+
+    path = root / "htpasswd"
+    path.write_text("".join(f"{user}:{bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()}\n"
+                            for user, password in users.items()))
+    return path
 
 
 # What a Front does with a request instead of passing it on: handle it (return True) or not (False).

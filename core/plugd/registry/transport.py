@@ -16,6 +16,8 @@ import os
 import socket
 import ssl
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpcore
 import httpx
@@ -135,14 +137,57 @@ class GuardedBackend(httpcore.NetworkBackend):
         time.sleep(seconds)
 
 
-class GuardedTransport(httpx.HTTPTransport):
+class GuardedTransport(httpx.BaseTransport):
+    """An httpx transport over an httpcore connection pool that connects through the guarded backend (httpx's
+    own HTTPTransport takes no network backend of the caller's choosing)."""
+
     def __init__(self, backend: GuardedBackend, ssl_context: ssl.SSLContext):
-        super().__init__(verify=ssl_context, trust_env=False)
-        # httpx takes no network backend of its own choosing, so its pool is rebuilt around the guarded one.
-        self._pool = httpcore.ConnectionPool(
+        self.pool = httpcore.ConnectionPool(
             ssl_context=ssl_context, max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS,
             keepalive_expiry=5.0, network_backend=backend,
         )
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        sent = httpcore.Request(
+            method=request.method,
+            url=httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path),
+            headers=request.headers.raw,
+            content=request.stream,
+            extensions=request.extensions,
+        )
+        with as_httpx_errors():
+            response = self.pool.handle_request(sent)
+        return httpx.Response(response.status, headers=response.headers, stream=_Body(response),
+                              extensions=response.extensions)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+class _Body(httpx.SyncByteStream):
+    def __init__(self, response: httpcore.Response):
+        self.response = response
+
+    def __iter__(self) -> Iterator[bytes]:
+        with as_httpx_errors():
+            yield from self.response.iter_stream()
+
+    def close(self) -> None:
+        self.response.close()
+
+
+@contextmanager
+def as_httpx_errors() -> Iterator[None]:
+    """httpcore's exceptions as httpx's classes of the same names (what callers of an httpx client catch)."""
+    try:
+        yield
+    except (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError, httpcore.UnsupportedProtocol) as exc:
+        for kind in type(exc).__mro__:
+            mapped = getattr(httpx, kind.__name__, None)
+            if isinstance(mapped, type) and issubclass(mapped, httpx.TransportError):
+                raise mapped(str(exc)) from exc
+        raise
 
 
 def ssl_context() -> ssl.SSLContext:

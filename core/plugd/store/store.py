@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from attrs import define
 from plugd.store.blobs import BlobStore, write_atomically
 from plugd.store.manifests import MalformedManifest, Manifest
 from plugd.store.names import ModelName
+from plugd.store.partial import pull_record, pulled_digests, remove_stale
 
 log = logging.getLogger(__name__)
 
@@ -128,10 +130,21 @@ class Store:
                 for digest in model.manifest.digests() - still_used:
                     self._remove_blob(digest)
 
+    @contextmanager
+    def pulling(self, manifest: Manifest) -> Iterator[None]:
+        """Keep the blobs of `manifest` from `delete` and `prune` while a pull fetches them, and after it fails
+        long enough for the next pull to resume (`plugd.store.partial`); `put` the manifest inside the block."""
+        with ExitStack() as stack:
+            with self.lock:
+                stack.enter_context(pull_record(self.blobs, manifest.to_bytes()))
+            yield
+
     def prune(self) -> None:
-        """Remove blobs no manifest refers to, and leftovers of interrupted writes."""
+        """Remove blobs no manifest or pull refers to, leftovers of interrupted writes, and what pulls interrupted
+        over `partial.STALE_AFTER` ago left behind."""
         with self.lock:
             self.blobs.remove_partials()
+            remove_stale(self.blobs)
             still_used = self._referenced()
             if still_used is None:
                 log.warning("not pruning blobs: some manifests are unreadable")
@@ -141,8 +154,8 @@ class Store:
                 self._remove_blob(digest)
 
     def _referenced(self) -> set[str] | None:
-        """Digests named by any manifest; None when a manifest cannot be read (so nothing is safe to remove)."""
-        used: set[str] = set()
+        """Digests named by any manifest or pull; None when a manifest cannot be read (nothing is safe to remove)."""
+        used = pulled_digests(self.blobs)
         for path, _ in self._manifest_files():
             try:
                 used |= Manifest.from_bytes(path.read_bytes()).digests()
