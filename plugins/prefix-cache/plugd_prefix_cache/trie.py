@@ -1,16 +1,18 @@
 """A compressed token trie whose nodes carry, per cache layer, a snapshot spanning exactly their edge.
 
 A plain KV layer's snapshot is its keys and values over the edge's
-positions, so any prefix of an edge can be restored by slicing. Any other
-layer (recurrent state, rotating window) is snapshotted whole at the edge's
-end, so it restores only at node ends; None marks an end that was never
-captured (the head of a split made away from the live offset).
+positions, so any prefix of an edge can be restored by slicing. A node on the
+live path is `lazy`: its keys and values are the live buffer's over
+[start, end), and its KV snapshots are None until it is materialised. Any
+other layer (recurrent state, rotating window) is snapshotted whole at the
+edge's end, so it restores only at node ends; None marks an end that was never
+captured (the head of a split).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import mlx.core as mx
@@ -18,12 +20,22 @@ import mlx.core as mx
 from plugd.runner.cache_policy import common_prefix
 
 
-def snapshot_bytes(snapshot: Any) -> int:
+class EdgeKV(NamedTuple):
+    """A KV layer's keys and values over one edge, (batch, kv_heads, edge length, head_dim), owned copies."""
+
+    keys: mx.array
+    values: mx.array
+
+    def part(self, begin: int, end: int | None = None) -> EdgeKV:
+        return EdgeKV(mx.contiguous(self.keys[..., begin:end, :]), mx.contiguous(self.values[..., begin:end, :]))
+
+
+def snapshot_arrays(snapshot: Any) -> Iterator[mx.array]:
     if isinstance(snapshot, mx.array):
-        return snapshot.nbytes
-    if isinstance(snapshot, tuple | list):
-        return sum(snapshot_bytes(part) for part in snapshot)
-    return 0
+        yield snapshot
+    elif isinstance(snapshot, tuple | list):
+        for part in snapshot:
+            yield from snapshot_arrays(part)
 
 
 @attrs.define(eq=False)
@@ -33,38 +45,49 @@ class Node:
     parent: Node | None = None
     children: dict[int, Node] = attrs.Factory(dict)
     snapshots: list[Any] = attrs.Factory(list)  # one per layer
+    lazy: bool = False  # the KV of the edge is the live buffer's, not a copy
     last_used: int = 0
 
     @property
     def end(self) -> int:
         return self.start + len(self.tokens)
 
-    @property
-    def nbytes(self) -> int:
-        return snapshot_bytes(self.snapshots)
+    def nbytes(self, shared: frozenset[int] = frozenset()) -> int:
+        """Bytes of the snapshots, less arrays whose ids are in `shared` (held by the live caches anyway)."""
+        return sum(array.nbytes for array in snapshot_arrays(self.snapshots) if id(array) not in shared)
 
     def restorable_at_end(self, sliced: Sequence[bool]) -> bool:
         return all(kv or snapshot is not None for kv, snapshot in zip(sliced, self.snapshots))
 
-    def split(self, length: int, sliced: Sequence[bool], head_ends: list[Any] | None) -> Node:
-        """Cut the edge after `length` tokens: this node keeps the head, a new child takes the tail (and the
-        children). `head_ends` are the unsliced layers' states at the cut, when known."""
-        tail = Node(self.tokens[length:], self.start + length, self, self.children, last_used=self.last_used)
+    def split(self, length: int, sliced: Sequence[bool]) -> Node:
+        """Cut the edge after `length` tokens: this node keeps the head, a new child takes the tail, the children
+        and the end states; the head's end states are unknown (None) until captured. Returns the tail."""
+        tail = Node(self.tokens[length:], self.start + length, self, self.children, lazy=self.lazy,
+                    last_used=self.last_used)
         for child in tail.children.values():
             child.parent = tail
         head_snapshots = []
-        for i, (kv, snapshot) in enumerate(zip(sliced, self.snapshots)):
-            if kv:
-                keys, values = snapshot
-                head_snapshots.append((keys[..., :length, :], values[..., :length, :]))
-                tail.snapshots.append((keys[..., length:, :], values[..., length:, :]))
+        for kv, snapshot in zip(sliced, self.snapshots):
+            if kv and snapshot is not None:
+                head_snapshots.append(snapshot.part(0, length))
+                tail.snapshots.append(snapshot.part(length))
             else:
-                head_snapshots.append(None if head_ends is None else head_ends[i])
+                head_snapshots.append(None)
                 tail.snapshots.append(snapshot)
         self.tokens = self.tokens[:length]
         self.snapshots = head_snapshots
         self.children = {tail.tokens[0]: tail}
         return tail
+
+    def merge_into_child(self) -> None:
+        """Leave the trie by handing the edge to the only child, which keeps its own end states. Both are lazy,
+        so no keys or values move."""
+        (child,) = self.children.values()
+        child.tokens = self.tokens + child.tokens
+        child.start = self.start
+        child.parent = self.parent
+        child.last_used = max(child.last_used, self.last_used)
+        self.parent.children[child.tokens[0]] = child
 
 
 @attrs.define
@@ -80,10 +103,11 @@ def walk(root: Node, tokens: Sequence[int]) -> Match:
     node, depth, path = root, 0, []
     while depth < len(tokens) and (child := node.children.get(tokens[depth])) is not None:
         path.append(child)
-        matched = common_prefix(child.tokens, tokens[depth:])
-        depth += matched
-        if matched < len(child.tokens):
+        ahead = tokens[depth : depth + len(child.tokens)]
+        if ahead != child.tokens:  # compared as whole lists first: a Python loop over every token is slow
+            depth += common_prefix(child.tokens, ahead)
             break
+        depth += len(child.tokens)
         node = child
     return Match(path, depth)
 
@@ -92,3 +116,11 @@ def descendants(node: Node) -> Iterator[Node]:
     for child in node.children.values():
         yield child
         yield from descendants(child)
+
+
+def media_boundary(keys: Sequence[int], depth: int) -> int:
+    """`depth`, or the start of the media item it would fall inside: a media item is a run of one negative key,
+    and no cache state is ever taken partway into one."""
+    while 0 < depth < len(keys) and keys[depth] < 0 and keys[depth - 1] == keys[depth]:
+        depth -= 1
+    return depth
