@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/prefix_cache.py            # ~150M-parameter Qwen3, 30 turns, ~8k tokens
     .venv/bin/python bench/prefix_cache.py --quick    # a tiny model, the same session shape (the smoke test)
+    .venv/bin/python bench/prefix_cache.py --quick --policy single-slot   # plugd's built-in policy instead
 
 The session is what a coding agent sends: a long system prompt, then per turn the transcript so far plus a
 runtime system message that the next turn drops again (it follows each tool result, and only the latest one is
@@ -9,10 +10,19 @@ kept), so every prompt departs from the previous one a little before its end. Tw
 result whose first request the client abandons partway through the prefill (a client timeout) and retries.
 Both engines get the same raw prompt texts and generate a few tokens at temperature 0.
 
-Reported: prompt tokens plugd evaluated (its prompt_eval_count summed over the answered requests, plus at most
-each abandoned request's new tokens, which it cannot report) against the tokens no earlier prompt began with,
-median time to first token of each engine, peak memory of plugd's runner and its prompt cache's bytes against
-the budget (PLUGD_PREFIX_CACHE_BYTES, set here).
+Both engines run side by side and get every turn one after the other, the first alternating, so that a
+machine whose load swings weighs on both alike; each is warmed up first. mlx_lm.server keeps its own prompt
+cache (on by default: it reuses the nearest cached prefix, trimming a longer one), and an abandoned request is
+dropped the same way for both (the client closes the connection at the same moment). mlx_lm.server finishes an
+abandoned prefill (it notices the closed connection at its next write) and caches it; plugd stops it at the next
+chunk and keeps what it computed.
+
+Reported: prompt tokens each engine evaluated in its answered requests (plugd's prompt_eval_count,
+mlx_lm.server's prompt tokens less its cached_tokens), and plugd's bound with the abandoned requests (each
+evaluated at most its turn's new tokens) against the tokens no earlier prompt began with; median time to first
+token of each engine, plugd's split into the engine's share (prompt_eval_duration) and the rest (HTTP, daemon,
+tokenizing); peak RSS of plugd's runner and of mlx_lm.server, and plugd's prompt cache bytes against the budget
+(PLUGD_PREFIX_CACHE_BYTES, set here).
 """
 
 from __future__ import annotations
@@ -63,10 +73,6 @@ def _new(token_lists: list[list[int]], turn: int) -> int:
     return len(tokens) - max((_common(tokens, earlier) for earlier in token_lists[:turn]), default=0)
 
 
-def new_tokens(token_lists: list[list[int]]) -> int:
-    return sum(_new(token_lists, turn) for turn in range(len(token_lists)))
-
-
 def _common(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -86,49 +92,63 @@ def abandon(url: str, path: str, body: dict[str, Any], after_s: float) -> None:
         pass
 
 
-def run_plugd(server, prompts: list[str], num_ctx: int, cancel_after: dict[int, float]) -> dict[str, Any]:
+def plugd_turn(server, prompt: str, options: dict[str, Any], cancel_after: float | None) -> dict[str, float]:
+    """One turn against plugd (abandoned once first when `cancel_after` is set): client TTFT, the engine's own
+    share of it (resume, prefill, first token: prompt_eval_duration), and the prompt tokens it evaluated."""
+    if cancel_after is not None:
+        body = {"model": "bench", "prompt": prompt, "raw": True, "stream": True, "options": options}
+        abandon(server.url, "/api/generate", body, cancel_after)
+    final = bl.plugd_generate(server.url, "bench", prompt, options)
+    return {"ttft": final["client"]["first"], "engine": final["prompt_eval_duration"] / 1e9,
+            "evaluated": final["prompt_eval_count"]}
+
+
+def mlx_server_turn(url: str, prompt: str, cancel_after: float | None) -> dict[str, float]:
+    """The same turn against mlx_lm.server (its own prompt cache on, as by default): client TTFT and the prompt
+    tokens it evaluated (prompt tokens less the cached ones its usage reports)."""
+    if cancel_after is not None:
+        body = {"model": "default_model", "prompt": prompt, "max_tokens": GENERATED, "temperature": 0.0,
+                "stream": True}
+        abandon(url, "/v1/completions", body, cancel_after)
+    answer = bl.mlx_server_generate(url, prompt, GENERATED)
+    usage = answer["usage"]
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return {"ttft": answer["first"], "evaluated": usage["prompt_tokens"] - cached}
+
+
+def replay(server, mlx_url: str, prompts: list[str], num_ctx: int,
+           new: list[int]) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    """Every turn to both engines, one after the other, the first alternating: a machine whose load swings (a
+    shared one) weighs on both alike. Each engine is warmed up first on a prompt of its own. An abandoned turn is
+    dropped by both at the same moment: halfway through its `new` tokens at plugd's prefill rate so far."""
     options = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": GENERATED, "num_ctx": num_ctx}
-    evaluated, ttfts = 0, []
+    bl.plugd_generate(server.url, "bench", "Warm up", options)
+    bl.mlx_server_generate(mlx_url, "Warm up", GENERATED)
+    ours, theirs = [], []
     for turn, prompt in enumerate(prompts):
+        cancel_after = None
         if turn in CANCELLED_TURNS:
-            body = {"model": "bench", "prompt": prompt, "raw": True, "stream": True, "options": options}
-            abandon(server.url, "/api/generate", body, cancel_after[turn])
-        final = bl.plugd_generate(server.url, "bench", prompt, options)
-        evaluated += final["prompt_eval_count"]
-        ttfts.append(final["client"]["first"])
-    return {"evaluated": evaluated, "ttft": bl.median(ttfts)}
-
-
-def run_mlx_server(url: str, prompts: list[str], cancel_after: dict[int, float]) -> dict[str, Any]:
-    ttfts = []
-    for turn, prompt in enumerate(prompts):
-        if turn in CANCELLED_TURNS:
-            body = {"model": "default_model", "prompt": prompt, "max_tokens": GENERATED, "temperature": 0.0,
-                    "stream": True}
-            abandon(url, "/v1/completions", body, cancel_after[turn])
-        ttfts.append(bl.mlx_server_generate(url, prompt, GENERATED)["first"])
-    return {"ttft": bl.median(ttfts)}
-
-
-def cold_ttfts(server, prompts: list[str], num_ctx: int) -> dict[int, float]:
-    """How long the cancelled turns' prefill takes from scratch: on a copy of the model (its own runner and
-    cache), each prompt behind a word of its own so that neither reuses the other."""
-    server.cli("cp", "bench", "cold", check=True)
-    options = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 1, "num_ctx": num_ctx}
-    bl.plugd_generate(server.url, "cold", "Warm up", options)  # loads the runner
-    times = {turn: bl.plugd_generate(server.url, "cold", f"Cold{turn} {prompts[turn]}", options)["client"]["first"]
-             for turn in CANCELLED_TURNS}
-    server.cli("stop", "cold")
-    return times
+            rate = sum(done["evaluated"] for done in ours) / sum(done["engine"] for done in ours)
+            cancel_after = new[turn] / rate / 2
+        plugd_first = turn % 2 == 0
+        if plugd_first:
+            ours.append(plugd_turn(server, prompt, options, cancel_after))
+        theirs.append(mlx_server_turn(mlx_url, prompt, cancel_after))
+        if not plugd_first:
+            ours.append(plugd_turn(server, prompt, options, cancel_after))
+    return ours, theirs
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny model")
+    parser.add_argument("--policy", help="plugd's cache policy (PLUGD_CACHE_POLICY); default: the plugin's")
     args = parser.parse_args()
     bl.on_sigterm_exit()
     os.environ["PLUGD_PREFIX_CACHE_BYTES"] = str(BUDGET)
     os.environ.pop("PLUGD_CACHE_POLICY", None)
+    if args.policy:
+        os.environ["PLUGD_CACHE_POLICY"] = args.policy
 
     with tempfile.TemporaryDirectory(prefix="plugd-bench-") as tmp, ExitStack() as stack:
         model_dir = Path(tmp) / "model"
@@ -141,29 +161,36 @@ def main() -> int:
         tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         prompts = session(random.Random(7))
         token_lists = [tokenizer.encode(p).ids for p in prompts]
-        fresh = new_tokens(token_lists)
+        new = [_new(token_lists, turn) for turn in range(TURNS)]
+        fresh = sum(new)
         num_ctx = len(token_lists[-1]) + GENERATED + 64
         print(f"session: {TURNS} turns, last prompt {len(token_lists[-1])} tokens, {fresh} new tokens in all, "
-              f"turns {CANCELLED_TURNS} abandoned once halfway through their prefill and retried")
+              f"turns {CANCELLED_TURNS} abandoned once halfway through their prefill and retried; plugd's cache policy: "
+              f"{args.policy or 'the default (prefix-cache when installed)'}")
 
         server = stack.enter_context(bl.plugd_server(Path(tmp) / "store", model_dir, "bench"))
-        # Halfway through the turn's new tokens, assuming a prefill rate as even as the cold one.
-        cancel_at = {turn: seconds * _new(token_lists, turn) / len(token_lists[turn]) / 2
-                     for turn, seconds in cold_ttfts(server, prompts, num_ctx).items()}
-        plugd = run_plugd(server, prompts, num_ctx, cancel_at)
+        url, peer_process = stack.enter_context(bl.mlx_lm_server(model_dir))
+        ours, theirs = replay(server, url, prompts, num_ctx, new)
         runner = server.runner_pids()
         peak = bl.proc_status(runner[0])["VmHWM"] if runner else float("nan")
+        peer_peak = bl.proc_status(peer_process.pid)["VmHWM"]
         cache = httpx.get(f"{server.url}/api/ps").json()["models"][0].get("prompt_cache", {})
-        url, _ = stack.enter_context(bl.mlx_lm_server(model_dir))
-        peer = run_mlx_server(url, prompts, cancel_at)
 
-        print(bl.table(["engine", "median TTFT ms"], [["plugd", plugd["ttft"] * 1000],
-                                                       ["mlx_lm.server", peer["ttft"] * 1000]]))
+        ttft, peer_ttft = (bl.median([turn["ttft"] for turn in runs]) for runs in (ours, theirs))
+        engine = bl.median([turn["engine"] for turn in ours])
+        outside = bl.median([turn["ttft"] - turn["engine"] for turn in ours])
+        print(bl.table(["engine", "median TTFT ms", "prompt tokens evaluated", "peak RSS MiB"], [
+            ["plugd", ttft * 1000, sum(turn["evaluated"] for turn in ours), peak / 2**20],
+            ["mlx_lm.server", peer_ttft * 1000, sum(turn["evaluated"] for turn in theirs), peer_peak / 2**20]]))
+        print(f"plugd per turn, median: {engine * 1000:,.1f} ms in the engine (resume, prefill, first token), "
+              f"{outside * 1000:,.1f} ms outside it (HTTP, daemon, tokenizing); "
+              f"evaluated tokens are in answered requests only")
         # An abandoned request reports nothing; it evaluated at most its turn's new tokens.
-        bound = plugd["evaluated"] + sum(_new(token_lists, turn) for turn in CANCELLED_TURNS)
+        evaluated = sum(turn["evaluated"] for turn in ours)
+        bound = evaluated + sum(new[turn] for turn in CANCELLED_TURNS)
         ratio = bound / fresh
-        ttft_ratio = plugd["ttft"] / peer["ttft"]
-        print(f"plugd prompt tokens evaluated: {plugd['evaluated']} in answered requests, at most {bound} with the "
+        ttft_ratio = ttft / peer_ttft
+        print(f"plugd prompt tokens evaluated: {evaluated} in answered requests, at most {bound} with the "
               f"abandoned ones, of {fresh} new (ratio <= {ratio:.2f}, target <= {TARGET_PREFILL_RATIO}) "
               f"{_verdict(ratio <= TARGET_PREFILL_RATIO)}")
         print(f"median TTFT plugd/mlx_lm.server: {ttft_ratio:.2f} (target <= {TARGET_TTFT_RATIO}) "

@@ -44,6 +44,11 @@ class KVCache:
         room = mx.zeros((batch, heads, capacity - self.offset, dims), new.dtype)
         return room if stored is None else mx.concatenate([stored[..., : self.offset, :], room], axis=2)
 
+    @property
+    def trim_floor(self) -> int:
+        """The earliest offset `trim` can go back to: any."""
+        return 0
+
     def trim(self, n: int) -> int:
         """Forget the last n positions (at most all of them); return how many were forgotten."""
         n = min(n, self.offset)

@@ -41,6 +41,11 @@ class RecurrentCache:
         self.conv, self.recurrent = conv, recurrent
         self.offset += positions
 
+    @property
+    def trim_floor(self) -> int:
+        """The earliest offset `trim` can go back to: none but the current one."""
+        return self.offset
+
     def trim(self, n: int) -> int:
         """Forget the last n positions: a recurrent state cannot, so nothing is forgotten and 0 returned.
 

@@ -86,11 +86,15 @@ class RotatingKVCache:
         """The mask for the last `queries` positions written, over the keys the last update returned."""
         return window_mask(self.offset - queries, queries, self.start, self.stored, self.window)
 
+    @property
+    def trim_floor(self) -> int:
+        """The earliest offset `trim` can go back to: where the next query's window still has every key it needs."""
+        return 0 if self.start == 0 else min(self.offset, self.start + self.window - 1)
+
     def trim(self, n: int) -> int:
         """Forget up to the last n positions, but never so many that the next query's window reaches dropped
         positions; return how many were forgotten."""
-        forgettable = self.offset if self.start == 0 else self.offset - (self.start + self.window - 1)
-        n = max(0, min(n, forgettable))
+        n = max(0, min(n, self.offset - self.trim_floor))
         self.offset -= n
         return n
 

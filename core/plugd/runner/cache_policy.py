@@ -25,7 +25,10 @@ import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import mlx.core as mx
 import mlx.nn as nn
+
+from plugd.nn.cache import KVCache
 
 BUILTIN_POLICY = "single-slot"
 PREFERRED_POLICY = "prefix-cache"
@@ -104,15 +107,95 @@ class LiveCache:
         return {"bytes": 0, "nodes": 0}
 
 
+# Where the single-slot policy snapshots the layers that cannot trim back (recurrent, sliding-window).
+SNAPSHOT_INTERVAL = 1024  # along the live path, every this many tokens
+SNAPSHOTS_BEFORE_END = (256, 64, 16)  # this far before each prompt's end, where an agent's next prompt departs
+SNAPSHOT_LIMIT = 8  # at most this many on the path; the newest len(SNAPSHOTS_BEFORE_END) + 1 are never thinned
+
+
 class SingleSlotPolicy(LiveCache):
-    """The built-in policy: keep the last completion's live caches and reuse their longest common prefix."""
+    """The built-in policy: keep the last completion's live caches and reuse their longest common prefix.
+
+    Plain KV layers trim back to any position. The others (a recurrent state, a sliding window that dropped its
+    oldest keys) cannot, so the policy snapshots them along the live path, at capture points the prefill stops
+    at: every `interval` tokens, a few positions before the prompt's end (an agent's next prompt typically keeps
+    the transcript and replaces what followed it) and at the prompt's end (the same prompt again). A prompt that
+    departs from the live path resumes from the latest position at or before the departure that every layer can
+    reach: trimmed back, or restored from a snapshot there. Taking a snapshot copies nothing (it holds references
+    to immutable MLX arrays); it costs the memory it keeps alive, so at most `limit` are kept: when there are
+    more, the older ones are thinned where they lie closest together. `stats()` counts them ("nodes") and the
+    bytes they hold.
+    """
+
+    def __init__(self, model: nn.Module, interval: int = SNAPSHOT_INTERVAL, limit: int = SNAPSHOT_LIMIT):
+        self.interval, self.limit = interval, limit
+        self._snapshots: dict[int, list[Any]] = {}  # offset -> each layer's state there (None for plain KV layers)
+        self._wanted: set[int] = set()  # offsets the current prefill stops at to snapshot, those not reached
+        self._stats = {"bytes": 0, "nodes": 0}
+        super().__init__(model)
+        self._kept_whole = [not isinstance(layer, KVCache) for layer in self.layers]
+
+    def reset(self) -> None:
+        super().reset()
+        self._snapshots.clear()
+        self._count()
 
     def resume(self, prompt: Sequence[int]) -> int:
         keep = common_prefix(self.tokens, prompt[:-1])
-        if not self.trim_to(keep):
-            self.reset()  # a cache that cannot forget that much starts over
-            return 0
-        return keep
+        point = self._restore_point(keep)
+        for offset in [offset for offset in self._snapshots if offset > point]:
+            del self._snapshots[offset]
+        for layer, saved in zip(self.layers, self._snapshots.get(point, [None] * len(self.layers))):
+            if layer.trim_floor <= point:
+                layer.trim(layer.offset - point)
+            else:
+                layer.state = saved  # None, at position 0: empty
+        del self.tokens[point:]
+        self._count()
+        return point
+
+    def capture_points(self, start: int, end: int) -> Sequence[int]:
+        if not any(self._kept_whole):
+            return ()
+        every = range((start // self.interval + 1) * self.interval, end, self.interval)
+        points = {*every, *(end - back for back in SNAPSHOTS_BEFORE_END if end - back > start)}
+        self._wanted = points | {end}
+        return sorted(points)
+
+    def prefilled(self) -> None:
+        # At the first chunk end at or past a capture point: the engine may move one (never into an image).
+        length = len(self.tokens)
+        if self._wanted and min(self._wanted) <= length:
+            self._wanted = {point for point in self._wanted if point > length}
+            self._snapshots[length] = [layer.state if whole else None
+                                       for whole, layer in zip(self._kept_whole, self.layers)]
+            self._thin()
+            self._count()
+
+    def finished(self) -> None:
+        self._wanted = set()
+
+    def stats(self) -> dict[str, int]:
+        return self._stats  # replaced, never changed: a status request may read it from another thread
+
+    def _count(self) -> None:
+        arrays = [array for states in self._snapshots.values() for state in states if state is not None
+                  for array in state if isinstance(array, mx.array)]
+        self._stats = {"bytes": sum(array.nbytes for array in arrays), "nodes": len(self._snapshots)}
+
+    def _restore_point(self, keep: int) -> int:
+        """The latest position at or before `keep` every layer can be brought back to."""
+        if all(layer.trim_floor <= keep for layer in self.layers):
+            return keep
+        return max((offset for offset in self._snapshots if offset <= keep), default=0)
+
+    def _thin(self) -> None:
+        """Drop older snapshots, each time the one whose neighbours lie closest together, until `limit` remain."""
+        offsets = sorted(self._snapshots)
+        while len(offsets) > self.limit:
+            thinnable = range(max(len(offsets) - len(SNAPSHOTS_BEFORE_END) - 1, 1))
+            spans = [(offsets[i + 1] - (offsets[i - 1] if i else 0), i) for i in thinnable]
+            del self._snapshots[offsets.pop(min(spans)[1])]
 
 
 def single_slot(model: nn.Module) -> SingleSlotPolicy:
