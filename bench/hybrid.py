@@ -1,18 +1,23 @@
 """Decode and prefill of a hybrid (Mamba2 + attention) model: plugd over HTTP vs mlx-lm in-process, in one run.
 
-    .venv/bin/python bench/hybrid.py            # ~150M-parameter Nemotron-H, 512-token prompts, 64 tokens, 3 repetitions
+    .venv/bin/python bench/hybrid.py            # ~150M-parameter Nemotron-H, 512-token prompts, 64 tokens, 12 rounds
     .venv/bin/python bench/hybrid.py --quick    # a tiny Nemotron-H, a few tokens, one repetition (the smoke test)
 
 The checkpoint is a float32 nemotron_h generated here: hidden 768, 33 layers in the Nemotron-H pattern
 (Mamba2 and relu^2 MLP layers alternating, an attention layer every ninth), 24 Mamba2 heads of 64 with a
 state of 128 in 8 groups, 12 attention heads (4 KV heads) of 64, MLP width 3072. As in bench/decode.py no
 end-of-sequence token can win (benchlib.write_bench_checkpoint, completed here for Nemotron-H's names),
-every engine gets the same prompts, a warm-up round comes first, the repetitions alternate which engine
-goes first, each prompt starts with a token of its own, and figures are medians.
+every engine gets the same prompts, a warm-up round comes first, and each prompt starts with a token of its
+own. The engines are interleaved: each round runs one request on each, back to back, alternating which goes
+first (ABBAAB...), so slow spells on a shared machine hit both sides alike.
 
 Rates: prefill = prompt tokens / time to first token; decode = (tokens - 1) / (last token - first token),
 both seen by each engine's client; plugd's also from its own eval_count / eval_duration and
-prompt_eval_count / prompt_eval_duration, mlx-lm's from its generation_tps and prompt_tps.
+prompt_eval_count / prompt_eval_duration (as Ollama clients read them), mlx-lm's from its generation_tps and
+prompt_tps. Each is reported as the median and range over the rounds, and plugd/mlx-lm both as the ratio of
+the medians and as the median of the rounds' own ratios; the target counts as met when both reach it.
+Beside them, each side's CPU seconds per request (plugd: daemon and runner together), which other load on
+the machine disturbs far less than wall-clock rates.
 
 On a shared machine those rates swing from round to round, so the script also compares the two models
 step by step in one process (OpenBLAS preloaded, the same weights): a prompt prefill per engine per
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -117,32 +123,61 @@ def report_steps(times: dict[str, dict[str, list[float]]], prompt_len: int) -> N
               f"{'OK' if ratio >= TARGET else 'BELOW TARGET'}")
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes have used so far (Linux /proc)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def spread(values: list[float], digits: int = 1) -> str:
+    """Median with the lowest and highest value: how far the rounds swung."""
+    return f"{bl.median(values):.{digits}f} [{min(values):.{digits}f}-{max(values):.{digits}f}]" if values else "-"
+
+
+RATES = (("decode (client)", "decode_client"), ("decode (own)", "decode_engine"),
+         ("prefill (client)", "prefill_client"), ("prefill (own)", "prefill_engine"))
+
+
 def report(results: dict[str, list[dict[str, Any]]], prompt_len: int, tokens: int, reps: int) -> None:
-    summary = {}
+    """Per engine the median and range of each rate over the rounds, then plugd/mlx-lm ratios: of the medians,
+    and the median of each round's own ratio (the two engines ran back to back, so a round's ratio sees the
+    same machine load on both sides)."""
     for engine, runs in results.items():
         counts = {(r["prompt_tokens"], r["tokens"]) for r in runs}
         if counts != {(prompt_len, tokens)}:
             print(f"WARNING: {engine} ran (prompt, generated) tokens {sorted(counts)}, not {(prompt_len, tokens)}")
-        summary[engine] = {key: bl.median([r[key] for r in runs])
-                           for key in ("decode_client", "decode_engine", "prefill_engine", "ttft")}
-        summary[engine]["prefill_client"] = prompt_len / summary[engine]["ttft"]
-    rows = [[engine, s["decode_client"], s["decode_engine"], s["prefill_client"], s["prefill_engine"], s["ttft"] * 1000]
-            for engine, s in summary.items()]
-    print(f"\nmedians of {reps} repetitions (client-side unless marked 'own'):")
-    print(bl.table(["engine", "decode tok/s", "decode own", "prefill tok/s", "prefill own", "TTFT ms"], rows))
+        for r in runs:
+            r["prefill_client"] = prompt_len / r["ttft"]
+    print(f"\n{reps} rounds, tok/s as median [lowest-highest] (client-side unless marked 'own'):")
+    headers = ["engine", *(kind for kind, _ in RATES)]
+    print(bl.table(headers, [[engine, *(spread([r[key] for r in runs]) for _, key in RATES)]
+                             for engine, runs in results.items()]))
+    plugd, peer = results["plugd"], results["mlx-lm in-process"]
     print()
-    plugd, peer = summary["plugd"], summary["mlx-lm in-process"]
-    for kind, key in (("decode (client)", "decode_client"), ("decode (own)", "decode_engine"),
-                      ("prefill (client)", "prefill_client"), ("prefill (own)", "prefill_engine")):
-        ratio = plugd[key] / peer[key]
-        print(f"ratio {kind:<16} plugd/mlx-lm in-process {ratio:5.2f}  (target >= {TARGET:.2f}) "
-              f"{'OK' if ratio >= TARGET else 'BELOW TARGET'}")
+    for kind, key in RATES:
+        of_medians = bl.median([r[key] for r in plugd]) / bl.median([r[key] for r in peer])
+        paired = [a[key] / b[key] for a, b in zip(plugd, peer, strict=True)]
+        verdict = "OK" if of_medians >= TARGET and bl.median(paired) >= TARGET else "BELOW TARGET"
+        print(f"ratio {kind:<16} plugd/mlx-lm in-process {of_medians:5.2f} of medians, {spread(paired, 2)} per round "
+              f"(target >= {TARGET:.2f}) {verdict}")
+    cpu = [b["cpu"] / a["cpu"] for a, b in zip(plugd, peer, strict=True)]
+    print(f"CPU seconds per request (prompt and decode; plugd: daemon and runner): plugd "
+          f"{spread([r['cpu'] for r in plugd], 2)}, mlx-lm {spread([r['cpu'] for r in peer], 2)}")
+    print(f"ratio CPU per request    mlx-lm/plugd {spread(cpu, 2)} per round (above 1: plugd used less; "
+          f"load on a shared machine slows both sides' wall time far more than their CPU time)")
+    own, client = bl.median([r["decode_engine"] for r in plugd]), bl.median([r["decode_client"] for r in plugd])
+    print(f"plugd decode through HTTP vs its runner's own timing: {client / own:5.2f} "
+          f"({(1 / client - 1 / own) * 1000:+.2f} ms per token); time after the runner's total_duration, median "
+          f"{bl.median([r['overhead'] for r in plugd]) * 1000:.1f} ms")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny model, few tokens, one repetition")
-    parser.add_argument("--reps", type=int, help="repetitions after the warm-up (default 3, quick 1)")
+    parser.add_argument("--reps", type=int, help="rounds after the warm-up (default 12, quick 1)")
     parser.add_argument("--tokens", type=int, help="tokens generated per request (default 64, quick 8)")
     parser.add_argument("--prompt-tokens", type=int, help="prompt length in tokens (default 512, quick 32)")
     parser.add_argument("--compare-steps", nargs=4, metavar=("MODEL_DIR", "PROMPT", "STEPS", "REPS"), help=argparse.SUPPRESS)
@@ -151,7 +186,7 @@ def main() -> int:
         model_dir, prompt, steps, step_reps = args.compare_steps
         _timed_steps(model_dir, json.loads(prompt), int(steps), int(step_reps))
         return 0
-    reps = args.reps or (1 if args.quick else 3)
+    reps = args.reps or (1 if args.quick else 12)
     tokens = args.tokens or (8 if args.quick else 64)
     prompt_len = args.prompt_tokens or (32 if args.quick else 512)
     bl.on_sigterm_exit()
@@ -173,12 +208,15 @@ def main() -> int:
             "plugd": lambda text, ids: run_plugd(server, text, tokens, num_ctx),
             "mlx-lm in-process": lambda text, ids: run_peer(peer, ids, tokens),
         }
+        # Looked up at each request: plugd's runner starts with the first one.
+        pids = {"plugd": lambda: [server.process.pid, *server.runner_pids()], "mlx-lm in-process": lambda: [peer.process.pid]}
         results: dict[str, list[dict[str, Any]]] = {engine: [] for engine in ENGINES}
         same = 0
         for i, (text, ids) in enumerate(prompts):
             outputs = {}
             for engine in ENGINES[i % 2:] + ENGINES[: i % 2]:  # alternate who goes first
-                result = run[engine](text, ids)
+                started = cpu_seconds(pids[engine]())
+                result = run[engine](text, ids) | {"cpu": cpu_seconds(pids[engine]()) - started}
                 outputs[engine] = result["text"].removeprefix(" ")  # mlx-lm's detokenizer drops a leading space
                 if i:  # round 0 is the warm-up
                     results[engine].append(result)

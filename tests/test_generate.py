@@ -183,7 +183,7 @@ def test_two_models_alternate_under_a_memory_bound_that_fits_one(tmp_path, tiny_
         create(server, "big", write_checkpoint(tmp_path / "big", "qwen3", overrides=wide))
         with pytest.raises(ollama.ResponseError) as err:
             client.generate(model="big", prompt="Hi")
-        assert "model 'big:latest' needs 36.0 MiB (weights and KV cache) but only 4.0 MiB is available" in str(err.value)
+        assert "model 'big:latest' needs 36.1 MiB (weights and KV cache) but only 4.0 MiB is available" in str(err.value)
         assert client.ps().models == [] and server.runner_pids() == []
     finally:
         server.stop()

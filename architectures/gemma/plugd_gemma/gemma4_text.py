@@ -14,8 +14,9 @@ post-attention and post-feed-forward norms and scaled embeddings; unlike it:
   its own slice of a per-layer token embedding (mixed with a projection of
   the input embedding);
 - every layer's output is multiplied by a learned `layer_scalar`, and final
-  logits are soft-capped.
-The mixture-of-experts variant (`enable_moe_block`) is not supported.
+  logits are soft-capped;
+- with `enable_moe_block` (the 26B-A4B), every layer adds a mixture of GeGLU
+  experts to its dense feed-forward (see DecoderLayer.feed_forward).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import mlx.nn as nn
 from plugd.nn.linear import Embedding, Linear
 from plugd.nn.mlp import GatedMLP
 from plugd.nn.norms import RMSNorm
+from plugd.nn.switch_mlp import SwitchGLU
 from plugd_gemma.common import (
     FULL,
     SLIDING,
@@ -48,6 +50,10 @@ ROPE_DEFAULTS = {
     FULL: {"rope_theta": 1_000_000.0, "rope_type": "proportional", "partial_rotary_factor": 0.25},
     SLIDING: {"rope_theta": 10_000.0, "rope_type": "default"},
 }
+
+
+# Settings a mixture-of-experts config must give.
+MOE_KEYS = ("num_experts", "top_k_experts", "moe_intermediate_size")
 
 
 @dataclass(frozen=True)
@@ -73,12 +79,17 @@ class ModelArgs:
     vocab_size_per_layer_input: int
     final_logit_softcapping: float | None
     tie_word_embeddings: bool
+    num_experts: int = 0
+    top_k_experts: int = 0
+    moe_intermediate_size: int = 0
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> ModelArgs:
         """Defaults where a key is absent are mlx-lm's (those of the small per-layer-input models)."""
-        if config.get("enable_moe_block"):
-            raise ValueError("the Gemma 4 mixture-of-experts block is not supported")
+        moe = bool(config.get("enable_moe_block"))
+        missing = [key for key in MOE_KEYS if moe and not config.get(key)]
+        if missing:
+            raise ValueError(f"the mixture-of-experts block (enable_moe_block) needs {', '.join(missing)} in config.json")
         return cls(
             vocab_size=config["vocab_size"],
             hidden_size=config["hidden_size"],
@@ -101,6 +112,7 @@ class ModelArgs:
             vocab_size_per_layer_input=config.get("vocab_size_per_layer_input", 262144),
             final_logit_softcapping=config.get("final_logit_softcapping", 30.0),
             tie_word_embeddings=config.get("tie_word_embeddings", True),
+            **{key: config[key] if moe else 0 for key in MOE_KEYS},
         )
 
     @property
@@ -169,6 +181,37 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1)), shared
 
 
+class Router(nn.Module):
+    """Each token's `top_k_experts` experts and their weights, chosen from the residual stream: RMS-normalised,
+    scaled by `scale` / sqrt(hidden_size) and projected to a score per expert; the chosen scores are softmaxed
+    among themselves and multiplied by the chosen experts' `per_expert_scale`."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.eps, self.top_k = args.rms_norm_eps, args.top_k_experts
+        self.root_size = args.hidden_size**-0.5
+        self.proj = Linear(args.hidden_size, args.num_experts)
+        self.scale = mx.ones((args.hidden_size,))
+        self.per_expert_scale = mx.ones((args.num_experts,))
+
+    def __call__(self, x: mx.array) -> tuple[mx.array, mx.array]:
+        scores = self.proj(mx.fast.rms_norm(x, self["scale"] * self.root_size, self.eps))
+        experts = mx.argpartition(scores, kth=-self.top_k, axis=-1)[..., -self.top_k :]
+        weights = mx.softmax(mx.take_along_axis(scores, experts, axis=-1), axis=-1)
+        return experts, weights * self["per_expert_scale"][experts]
+
+
+class Experts(nn.Module):
+    """The weighted sum of each token's chosen GeGLU experts."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.switch_glu = SwitchGLU(args.hidden_size, args.moe_intermediate_size, args.num_experts, nn.gelu_approx)
+
+    def __call__(self, x: mx.array, experts: mx.array, weights: mx.array) -> mx.array:
+        return (self.switch_glu(x, experts) * weights[..., None]).sum(axis=-2)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, args: ModelArgs, layer: int):
         super().__init__()
@@ -180,6 +223,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(h, eps)
         self.pre_feedforward_layernorm = RMSNorm(h, eps)
         self.post_feedforward_layernorm = RMSNorm(h, eps)
+        self.has_experts = args.num_experts > 0
+        if self.has_experts:
+            self.router = Router(args)
+            self.experts = Experts(args)
+            self.pre_feedforward_layernorm_2 = RMSNorm(h, eps)
+            self.post_feedforward_layernorm_1 = RMSNorm(h, eps)
+            self.post_feedforward_layernorm_2 = RMSNorm(h, eps)
         if args.hidden_size_per_layer_input:
             self.per_layer_input_gate = Linear(h, args.hidden_size_per_layer_input)
             self.per_layer_projection = Linear(args.hidden_size_per_layer_input, h)
@@ -189,11 +239,20 @@ class DecoderLayer(nn.Module):
     def __call__(self, x: mx.array, cache, shared, offset: int, per_layer_input: mx.array | None):
         attended, shared = self.self_attn(self.input_layernorm(x), cache, shared, offset)
         h = x + self.post_attention_layernorm(attended)
-        h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        h = h + self.post_feedforward_layernorm(self.feed_forward(h))
         if per_layer_input is not None:
             gate = nn.gelu_approx(self.per_layer_input_gate(h)) * per_layer_input
             h = h + self.post_per_layer_input_norm(self.per_layer_projection(gate))
         return h * self["layer_scalar"], shared
+
+    def feed_forward(self, h: mx.array) -> mx.array:
+        """The dense GeGLU MLP; in a MoE layer plus the experts, each output under its own norm. The experts have
+        their own pre-norm, and the router reads the residual stream itself."""
+        dense = self.mlp(self.pre_feedforward_layernorm(h))
+        if not self.has_experts:
+            return dense
+        routed = self.experts(self.pre_feedforward_layernorm_2(h), *self.router(h))
+        return self.post_feedforward_layernorm_1(dense) + self.post_feedforward_layernorm_2(routed)
 
 
 class Decoder(nn.Module):
@@ -255,9 +314,17 @@ class Model(nn.Module):
         return [make_layer_cache(kind, self.args.sliding_window) for kind in self.args.layer_types[: self.args.kv_layers]]
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
-        """Drop rotary tables, activation clipping bounds, KV projections of KV-sharing layers, and a tied lm_head."""
+        """Drop rotary tables, activation clipping bounds, KV projections of KV-sharing layers, and a tied lm_head;
+        split the experts' fused `experts.gate_up_proj` (experts, 2 * hidden, dims), gate first, into the stacked
+        `experts.switch_glu.*` that MLX-converted checkpoints hold (lazily)."""
         if self.args.tie_word_embeddings:
             weights.pop("lm_head.weight", None)
+        for name in [name for name in weights if name.endswith(".experts.gate_up_proj")]:
+            prefix = name.removesuffix("gate_up_proj")
+            gate, up = mx.split(weights.pop(name), 2, axis=-2)
+            weights[prefix + "switch_glu.gate_proj.weight"] = mx.contiguous(gate)
+            weights[prefix + "switch_glu.up_proj.weight"] = mx.contiguous(up)
+            weights[prefix + "switch_glu.down_proj.weight"] = weights.pop(prefix + "down_proj")
         unused = ("self_attn.k_proj.", "self_attn.v_proj.", "self_attn.k_norm.")
         shared_layers = tuple(f"model.layers.{i}." for i in range(self.args.kv_layers, self.args.num_hidden_layers))
         return {

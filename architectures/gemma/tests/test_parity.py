@@ -188,8 +188,6 @@ def json_config(model_type: str) -> dict:
 
 
 def test_refuses_what_it_does_not_implement():
-    with pytest.raises(ValueError, match="mixture-of-experts"):
-        gemma4_text.ModelArgs.from_dict({**json_config("gemma4_text"), "enable_moe_block": True})
     with pytest.raises(ValueError, match="soft-capping"):
         gemma3_text.ModelArgs.from_dict({**json_config("gemma3_text"), "attn_logit_softcapping": 50.0})
     with pytest.raises(ValueError, match="rope_type"):

@@ -15,7 +15,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from plugd.nn.linear import Linear
-from plugd.nn.switch import SwitchGLU, stack_experts
+from plugd.nn.switch import stack_experts
+from plugd.nn.switch_mlp import SwitchGLU
 from plugd_qwen import qwen3
 
 

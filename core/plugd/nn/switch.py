@@ -1,4 +1,4 @@
-"""Mixture-of-experts feed-forward: each token through its chosen experts, gathered in one matmul per projection.
+"""Linear layers over stacked experts, for the mixture-of-experts blocks in plugd.nn.switch_mlp.
 
 Expert weights are stacked into one (experts, out, in) tensor per projection,
 so a token's k experts are picked with `mx.gather_mm` (dense) or
@@ -45,33 +45,6 @@ class QuantizedSwitchLinear(QuantizedWeight):
             bits=self.bits,
             sorted_indices=sorted_experts,
         )
-
-
-class SwitchGLU(nn.Module):
-    """SwiGLU per expert, down(silu(gate(x)) * up(x)): (..., dims) and (..., k) experts -> (..., k, dims)."""
-
-    def __init__(self, dims: int, hidden_dims: int, num_experts: int):
-        super().__init__()
-        self.gate_proj = SwitchLinear(dims, hidden_dims, num_experts)
-        self.up_proj = SwitchLinear(dims, hidden_dims, num_experts)
-        self.down_proj = SwitchLinear(hidden_dims, dims, num_experts)
-
-    def __call__(self, x: mx.array, experts: mx.array) -> mx.array:
-        # Each token becomes a one-row matrix, broadcast against its k experts.
-        rows = mx.expand_dims(x, (-2, -3))
-        sort = experts.size >= SORT_FROM_ROWS
-        if sort:
-            flat = experts.flatten()
-            order = mx.argsort(flat)
-            rows = rows.flatten(0, -3)[order // experts.shape[-1]]
-            chosen = flat[order]
-        else:
-            chosen = experts
-        hidden = nn.silu(self.gate_proj(rows, chosen, sort)) * self.up_proj(rows, chosen, sort)
-        out = self.down_proj(hidden, chosen, sort)
-        if sort:
-            out = out[mx.argsort(order)].reshape(*experts.shape, *out.shape[-2:])
-        return out.squeeze(-2)
 
 
 def stack_experts(weights: dict[str, mx.array], prefix: str, num_experts: int) -> None:

@@ -1,7 +1,11 @@
-"""Mixture-of-experts feed-forward without a gate projection: fc2(act(fc1(x))) per expert (Nemotron-H's relu^2 experts).
+"""Mixture-of-experts feed-forward blocks with the activation as a parameter, each token through its chosen experts:
 
-Parameter names follow MLX-converted checkpoints (`switch_mlp.fc1.weight`,
-`switch_mlp.fc2.weight`, experts stacked as in plugd.nn.switch).
+- SwitchMLP, fc2(act(fc1(x))) per expert (Nemotron-H's relu^2 experts), named as MLX-converted checkpoints name
+  them (`switch_mlp.fc1.weight`, `switch_mlp.fc2.weight`);
+- SwitchGLU, down(act(gate(x)) * up(x)) per expert: SwiGLU with silu (Qwen), GeGLU with gelu_approx (Gemma 4),
+  named `gate_proj`, `up_proj`, `down_proj`.
+
+Experts are stacked as in plugd.nn.switch.
 """
 
 from __future__ import annotations
@@ -53,3 +57,22 @@ class SwitchMLP(nn.Module):
         routed = ExpertRows(x, experts)
         hidden = self.activation(self.fc1(routed.rows, routed.experts, routed.sorted))
         return routed.restore(self.fc2(hidden, routed.experts, routed.sorted))
+
+
+class SwitchGLU(nn.Module):
+    """(..., dims) and (..., k) experts -> (..., k, dims): down(activation(gate(x)) * up(x)) through each chosen expert."""
+
+    def __init__(
+        self, dims: int, hidden_dims: int, num_experts: int, activation: Callable[[mx.array], mx.array] = nn.silu
+    ):
+        super().__init__()
+        self.activation = activation
+        self.gate_proj = SwitchLinear(dims, hidden_dims, num_experts)
+        self.up_proj = SwitchLinear(dims, hidden_dims, num_experts)
+        self.down_proj = SwitchLinear(hidden_dims, dims, num_experts)
+
+    def __call__(self, x: mx.array, experts: mx.array) -> mx.array:
+        routed = ExpertRows(x, experts)
+        rows, chosen, sort = routed.rows, routed.experts, routed.sorted
+        hidden = self.activation(self.gate_proj(rows, chosen, sort)) * self.up_proj(rows, chosen, sort)
+        return routed.restore(self.down_proj(hidden, chosen, sort))

@@ -6,7 +6,7 @@ The model is built through the architecture plugin, so `sanitize` folds apply
 (experts stacked) and the output holds plugd's parameter layout, which is
 mlx-lm's too. Layers are chosen as mlx-lm's convert chooses them: every layer
 with a quantized twin, except those whose inputs do not fill whole groups
-(left dense), and MoE routers at 8 bits in groups of 64. Tensors stay lazy
+(left dense), and MoE routers and shared-expert gates at 8 bits in groups of 64. Tensors stay lazy
 until their shard is written, so memory holds about one shard at a time.
 """
 
@@ -30,8 +30,10 @@ from plugd.runner.loading import CheckpointError, check_fits, read_weights
 
 BITS = (2, 3, 4, 5, 6, 8)
 GROUP_SIZES = (32, 64, 128)
-# mlx-lm's quant_predicate for MoE models: the router's logits pick the experts, so it keeps more precision.
-ROUTER_SUFFIX = "mlp.gate"
+# mlx-lm's quant_predicate for MoE models: a router's logits pick the experts and a shared-expert gate weighs the
+# shared expert, so they keep more precision. Qwen3-MoE/Next/3.5 name them mlp.gate and mlp.shared_expert_gate,
+# Gemma 4 router.proj.
+ROUTER_SUFFIXES = ("mlp.gate", "shared_expert_gate", "router.proj")
 ROUTER_QUANTIZATION = {"group_size": 64, "bits": 8}
 MAX_SHARD_BYTES = 2 << 30
 COPIED_FILES = (
@@ -106,7 +108,7 @@ def _write(src: Path, out: Path, module: ModuleType, default: dict[str, int]) ->
 
 def _layer_quantization(path: str, layer: nn.Module, default: dict[str, int]) -> dict[str, int] | None:
     """{group_size, bits} for the layer at `path`, or None where its inputs do not fill whole groups."""
-    params = ROUTER_QUANTIZATION if path.endswith(ROUTER_SUFFIX) else default
+    params = ROUTER_QUANTIZATION if path.endswith(ROUTER_SUFFIXES) else default
     return params if layer.weight.shape[-1] % params["group_size"] == 0 else None
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from plugd.testing import gemma_checkpoints, hybrid_checkpoints
+from plugd.testing import gemma4_moe_checkpoints, gemma_checkpoints, hybrid_checkpoints
 from plugd.testing import tokenizer as tiny_tokenizer
 from plugd.testing.qwen_vocab import write_qwen_tokenizer
 
@@ -92,6 +92,8 @@ BASE_CONFIGS |= hybrid_checkpoints.BASE_CONFIGS
 SHAPES |= hybrid_checkpoints.SHAPES
 BASE_CONFIGS |= gemma_checkpoints.BASE_CONFIGS
 SHAPES |= gemma_checkpoints.SHAPES
+BASE_CONFIGS |= gemma4_moe_checkpoints.BASE_CONFIGS
+SHAPES |= gemma4_moe_checkpoints.SHAPES
 
 _DTYPES = {"float32": ("F32", np.float32), "float16": ("F16", np.float16), "bfloat16": ("BF16", None)}
 
