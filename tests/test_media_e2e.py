@@ -256,6 +256,15 @@ def test_a_placeholder_written_as_text_is_refused(server):
     assert refused.value.status_code == 400
 
 
+def test_images_without_a_rendered_prompt_are_refused_not_dropped(server):
+    client = ollama.Client(host=server.url)
+    with pytest.raises(ollama.ResponseError, match="a raw prompt has no place for images") as refused:
+        client.generate("vision", prompt="<start_of_image>", raw=True, images=[picture(1)])
+    assert refused.value.status_code == 400
+    with pytest.raises(ollama.ResponseError, match="images need a prompt"):
+        client.generate("vision", images=[picture(1)])
+
+
 WEBP_REFUSAL = r"takes images as image/jpeg, image/png, not image/webp.*plugd-webp"
 
 

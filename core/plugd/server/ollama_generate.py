@@ -191,6 +191,10 @@ async def generate(request: Request) -> Any:
     if body.suffix:
         raise BadRequest(f"model '{body.model}' does not support insert")
     images = _images(body.images)
+    if images and body.raw:
+        raise BadRequest("a raw prompt has no place for images: the model's renderer places them; send them without raw")
+    if images and not body.prompt:
+        raise BadRequest("images need a prompt to go with them")
     chat = ChatRequest(**_common(request, body), system=body.system,
                        messages=[] if not body.prompt or body.raw else [Message("user", body.prompt, images=images)],
                        raw_prompt=body.prompt if body.raw and body.prompt else None)
