@@ -5,6 +5,7 @@ Every process started here is a context manager that kills and reaps it on the w
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import ctypes.util
 import json
@@ -15,7 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,56 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in cells]
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+
+
+# ---- command line and rounds -------------------------------------------------------------------------------------------
+
+def add_vocab_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--vocab", choices=["tiny", "qwen3"], default="tiny",
+                        help="tokenizer: plugd.testing's small BPE (default) or the real 151k Qwen3 vocabulary")
+
+
+def parse_run_args(parser: argparse.ArgumentParser, reps: int, tokens: int, prompt_tokens: int) -> argparse.Namespace:
+    """Adds --quick, --reps, --tokens and --prompt-tokens to `parser`, parses the command line and fills in
+    args.reps, args.tokens and args.prompt_tokens: the given full-run defaults, or 1, 8 and 32 with --quick."""
+    parser.add_argument("--quick", action="store_true", help="tiny model, few tokens, one repetition")
+    parser.add_argument("--reps", type=int, help=f"repetitions after the warm-up (default {reps}, quick 1)")
+    parser.add_argument("--tokens", type=int, help=f"tokens generated per request (default {tokens}, quick 8)")
+    parser.add_argument("--prompt-tokens", type=int, help=f"prompt length in tokens (default {prompt_tokens}, quick 32)")
+    args = parser.parse_args()
+    args.reps = args.reps or (1 if args.quick else reps)
+    args.tokens = args.tokens or (8 if args.quick else tokens)
+    args.prompt_tokens = args.prompt_tokens or (32 if args.quick else prompt_tokens)
+    return args
+
+
+Engine = Callable[[str, list[int]], dict[str, Any]]
+
+
+def rounds(prompts: list[tuple[str, list[int]]], engines: dict[str, Engine]) -> tuple[dict[str, list[dict[str, Any]]], int]:
+    """Each (text, ids) prompt through every engine, rotating which goes first; round 0 is a warm-up whose results
+    are dropped. Returns each engine's results, and in how many rounds all engines generated the same text."""
+    names = list(engines)
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    same = 0
+    for i, (text, ids) in enumerate(prompts):
+        outputs = {}
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            result = engines[name](text, ids)
+            outputs[name] = result["text"].removeprefix(" ")  # mlx-lm's detokenizer drops a leading space
+            if i:
+                results[name].append(result)
+        same += len(set(outputs.values())) == 1
+        rates = ", ".join(f"{name} {results[name][-1]['decode_client']:.1f} tok/s" for name in names) if i else "done"
+        print(f"round {i}{' (warm-up)' if i == 0 else ''}: {rates}", flush=True)
+    return results, same
+
+
+def check_token_counts(engine: str, runs: list[dict[str, Any]], prompt_len: int, tokens: int) -> None:
+    """Warns where an engine's runs did not take `prompt_len` prompt tokens and generate `tokens`."""
+    counts = {(r["prompt_tokens"], r["tokens"]) for r in runs}
+    if counts != {(prompt_len, tokens)}:
+        print(f"WARNING: {engine} ran (prompt, generated) tokens {sorted(counts)}, not {(prompt_len, tokens)}")
 
 
 # ---- processes --------------------------------------------------------------------------------------------------------

@@ -121,16 +121,9 @@ def compile_figures(model_dir: Path, width: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny model, few tokens, one repetition")
-    parser.add_argument("--reps", type=int, help="repetitions (default 5, quick 1)")
-    parser.add_argument("--tokens", type=int, help="tokens generated per decode request (default 128, quick 8)")
-    parser.add_argument("--prompt-tokens", type=int, help="prompt length in tokens (default 128, quick 32)")
-    parser.add_argument("--vocab", choices=["tiny", "qwen3"], default="tiny",
-                        help="tokenizer: plugd.testing's small BPE (default) or the real 151k Qwen3 vocabulary")
-    args = parser.parse_args()
-    reps = args.reps or (1 if args.quick else 5)
-    tokens = args.tokens or (8 if args.quick else 128)
-    prompt_len = args.prompt_tokens or (32 if args.quick else 128)
+    bl.add_vocab_option(parser)
+    args = bl.parse_run_args(parser, reps=5, tokens=128, prompt_tokens=128)
+    reps, tokens, prompt_len = args.reps, args.tokens, args.prompt_tokens
     bl.on_sigterm_exit()
 
     with tempfile.TemporaryDirectory(prefix="plugd-bench-") as tmp, ExitStack() as stack:

@@ -30,7 +30,6 @@ FULL = {"hidden_size": 768, "num_hidden_layers": 24, "num_attention_heads": 12, 
         "head_dim": 64, "intermediate_size": 2048}
 QUICK = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
          "head_dim": 16, "intermediate_size": 128}
-ENGINES = ("plugd", "mlx-lm in-process", "mlx_lm.server")
 TARGETS = {"mlx-lm in-process": 0.95, "mlx_lm.server": 1.0}
 
 
@@ -62,9 +61,7 @@ def run_server(url: str, prompt: str, tokens: int) -> dict[str, Any]:
 def summarize(results: dict[str, list[dict[str, Any]]], prompt_len: int, tokens: int) -> dict[str, dict[str, float]]:
     summary = {}
     for engine, runs in results.items():
-        counts = {(r["prompt_tokens"], r["tokens"]) for r in runs}
-        if counts != {(prompt_len, tokens)}:
-            print(f"WARNING: {engine} ran (prompt, generated) tokens {sorted(counts)}, not {(prompt_len, tokens)}")
+        bl.check_token_counts(engine, runs, prompt_len, tokens)
         summary[engine] = {key: bl.median([r[key] for r in runs]) for key in runs[0]
                            if key not in ("prompt_tokens", "tokens", "text")}
         summary[engine]["prefill_client"] = prompt_len / summary[engine]["ttft"]
@@ -94,16 +91,9 @@ def report(summary: dict[str, dict[str, float]], reps: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny model, few tokens, one repetition")
-    parser.add_argument("--reps", type=int, help="repetitions after the warm-up (default 5, quick 1)")
-    parser.add_argument("--tokens", type=int, help="tokens generated per request (default 128, quick 8)")
-    parser.add_argument("--prompt-tokens", type=int, help="prompt length in tokens (default 512, quick 32)")
-    parser.add_argument("--vocab", choices=["tiny", "qwen3"], default="tiny",
-                        help="tokenizer: plugd.testing's small BPE (default) or the real 151k Qwen3 vocabulary")
-    args = parser.parse_args()
-    reps = args.reps or (1 if args.quick else 5)
-    tokens = args.tokens or (8 if args.quick else 128)
-    prompt_len = args.prompt_tokens or (32 if args.quick else 512)
+    bl.add_vocab_option(parser)
+    args = bl.parse_run_args(parser, reps=5, tokens=128, prompt_tokens=512)
+    reps, tokens, prompt_len = args.reps, args.tokens, args.prompt_tokens
     bl.on_sigterm_exit()
 
     with tempfile.TemporaryDirectory(prefix="plugd-bench-") as tmp, ExitStack() as stack:
@@ -118,24 +108,11 @@ def main() -> int:
         server = stack.enter_context(bl.plugd_server(Path(tmp) / "store", model_dir, "bench"))
         peer = stack.enter_context(bl.MlxPeer(model_dir))
         url, mlx_server = stack.enter_context(bl.mlx_lm_server(model_dir))
-        run = {
+        results, same = bl.rounds(prompts, {
             "plugd": lambda text, ids: run_plugd(server, text, tokens, num_ctx),
             "mlx-lm in-process": lambda text, ids: run_peer(peer, ids, tokens),
             "mlx_lm.server": lambda text, ids: run_server(url, text, tokens),
-        }
-        results: dict[str, list[dict[str, Any]]] = {engine: [] for engine in ENGINES}
-        same = 0
-        for i, (text, ids) in enumerate(prompts):
-            outputs = {}
-            for engine in ENGINES[i % 3:] + ENGINES[: i % 3]:  # rotate who goes first
-                result = run[engine](text, ids)
-                outputs[engine] = result["text"].removeprefix(" ")  # mlx-lm's detokenizer drops a leading space
-                if i:  # round 0 is the warm-up
-                    results[engine].append(result)
-            same += all(outputs[engine] == outputs["plugd"] for engine in ENGINES)
-            rates = ", ".join(f"{e} {results[e][-1]['decode_client']:.1f} tok/s" for e in ENGINES) if i else "done"
-            print(f"round {i}{' (warm-up)' if i == 0 else ''}: {rates}", flush=True)
-
+        })
         print(f"greedy texts identical in all three engines in {same} of {len(prompts)} rounds "
               f"(where not, float32 rounding flipped a near tie)")
         runner = server.runner_pids()

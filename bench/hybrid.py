@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,6 @@ FULL = {"hidden_size": 768, "hybrid_override_pattern": "M-M-M-M*-" * 3 + "M-M-M-
         "n_groups": 8, "intermediate_size": 3072}
 # The tiny base config of plugd.testing, with every kind of Nemotron-H layer but the MoE.
 QUICK = {"hybrid_override_pattern": "M-M*M-"}
-ENGINES = ("plugd", "mlx-lm in-process")
 TARGET = 0.95
 
 
@@ -132,6 +132,16 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def with_cpu(engine: bl.Engine, pids: Callable[[], list[int]]) -> bl.Engine:
+    """`engine`, its results extended by "cpu": the CPU seconds the processes `pids()` used while it ran."""
+
+    def measured(text: str, ids: list[int]) -> dict[str, Any]:
+        started = cpu_seconds(pids())
+        return engine(text, ids) | {"cpu": cpu_seconds(pids()) - started}
+
+    return measured
+
+
 def spread(values: list[float], digits: int = 1) -> str:
     """Median with the lowest and highest value: how far the rounds swung."""
     return f"{bl.median(values):.{digits}f} [{min(values):.{digits}f}-{max(values):.{digits}f}]" if values else "-"
@@ -146,9 +156,7 @@ def report(results: dict[str, list[dict[str, Any]]], prompt_len: int, tokens: in
     and the median of each round's own ratio (the two engines ran back to back, so a round's ratio sees the
     same machine load on both sides)."""
     for engine, runs in results.items():
-        counts = {(r["prompt_tokens"], r["tokens"]) for r in runs}
-        if counts != {(prompt_len, tokens)}:
-            print(f"WARNING: {engine} ran (prompt, generated) tokens {sorted(counts)}, not {(prompt_len, tokens)}")
+        bl.check_token_counts(engine, runs, prompt_len, tokens)
         for r in runs:
             r["prefill_client"] = prompt_len / r["ttft"]
     print(f"\n{reps} rounds, tok/s as median [lowest-highest] (client-side unless marked 'own'):")
@@ -176,19 +184,13 @@ def report(results: dict[str, list[dict[str, Any]]], prompt_len: int, tokens: in
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny model, few tokens, one repetition")
-    parser.add_argument("--reps", type=int, help="rounds after the warm-up (default 12, quick 1)")
-    parser.add_argument("--tokens", type=int, help="tokens generated per request (default 64, quick 8)")
-    parser.add_argument("--prompt-tokens", type=int, help="prompt length in tokens (default 512, quick 32)")
     parser.add_argument("--compare-steps", nargs=4, metavar=("MODEL_DIR", "PROMPT", "STEPS", "REPS"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = bl.parse_run_args(parser, reps=12, tokens=64, prompt_tokens=512)
     if args.compare_steps:
         model_dir, prompt, steps, step_reps = args.compare_steps
         _timed_steps(model_dir, json.loads(prompt), int(steps), int(step_reps))
         return 0
-    reps = args.reps or (1 if args.quick else 12)
-    tokens = args.tokens or (8 if args.quick else 64)
-    prompt_len = args.prompt_tokens or (32 if args.quick else 512)
+    reps, tokens, prompt_len = args.reps, args.tokens, args.prompt_tokens
     bl.on_sigterm_exit()
 
     with tempfile.TemporaryDirectory(prefix="plugd-bench-") as tmp, ExitStack() as stack:
@@ -204,25 +206,12 @@ def main() -> int:
 
         server = stack.enter_context(bl.plugd_server(Path(tmp) / "store", model_dir, "bench"))
         peer = stack.enter_context(bl.MlxPeer(model_dir))
-        run = {
-            "plugd": lambda text, ids: run_plugd(server, text, tokens, num_ctx),
-            "mlx-lm in-process": lambda text, ids: run_peer(peer, ids, tokens),
-        }
-        # Looked up at each request: plugd's runner starts with the first one.
-        pids = {"plugd": lambda: [server.process.pid, *server.runner_pids()], "mlx-lm in-process": lambda: [peer.process.pid]}
-        results: dict[str, list[dict[str, Any]]] = {engine: [] for engine in ENGINES}
-        same = 0
-        for i, (text, ids) in enumerate(prompts):
-            outputs = {}
-            for engine in ENGINES[i % 2:] + ENGINES[: i % 2]:  # alternate who goes first
-                started = cpu_seconds(pids[engine]())
-                result = run[engine](text, ids) | {"cpu": cpu_seconds(pids[engine]()) - started}
-                outputs[engine] = result["text"].removeprefix(" ")  # mlx-lm's detokenizer drops a leading space
-                if i:  # round 0 is the warm-up
-                    results[engine].append(result)
-            same += outputs["plugd"] == outputs["mlx-lm in-process"]
-            rates = ", ".join(f"{e} {results[e][-1]['decode_client']:.1f} tok/s" for e in ENGINES) if i else "done"
-            print(f"round {i}{' (warm-up)' if i == 0 else ''}: {rates}", flush=True)
+        # The processes are looked up at each request: plugd's runner starts with the first one.
+        results, same = bl.rounds(prompts, {
+            "plugd": with_cpu(lambda text, ids: run_plugd(server, text, tokens, num_ctx),
+                              lambda: [server.process.pid, *server.runner_pids()]),
+            "mlx-lm in-process": with_cpu(lambda text, ids: run_peer(peer, ids, tokens), lambda: [peer.process.pid]),
+        })
         print(f"greedy texts identical in both engines in {same} of {len(prompts)} rounds")
         runner = server.runner_pids()
         print(f"BLAS: plugd runner {bl.blas_of(runner[0]) if runner else '?'}; mlx-lm in-process {peer.loaded['blas']}")

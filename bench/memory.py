@@ -113,8 +113,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="tiny MoE, 50 generated tokens")
     parser.add_argument("--tokens", type=int, help="tokens generated in (b) (default 2000, quick 50)")
     parser.add_argument("--layers", type=int, help="decoder layers of the full model (default 8: ~630 MB; 24: ~1.9 GB)")
-    parser.add_argument("--vocab", choices=["tiny", "qwen3"], default="tiny",
-                        help="tokenizer: plugd.testing's small BPE (default) or the real 151k Qwen3 vocabulary")
+    bl.add_vocab_option(parser)
     args = parser.parse_args()
     tokens = args.tokens or (50 if args.quick else 2000)
     bl.on_sigterm_exit()

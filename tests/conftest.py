@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import ollama
 import pytest
 
 from plugd.testing.checkpoints import write_checkpoint
@@ -68,4 +69,33 @@ def tiny_server(plugd_server_factory, tmp_path_factory: pytest.TempPathFactory) 
     live = plugd_server_factory()
     created = live.cli("create", "tiny", "--from", str(write_checkpoint(tmp_path_factory.mktemp("tiny"), "qwen3")))
     assert created.returncode == 0, created.stderr
+    return live
+
+
+@pytest.fixture(scope="module")
+def modelfile_server(plugd_server_factory, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., LiveServer]:
+    """Starts a live server (stopped after the module) holding models created, in order, from Modelfile texts:
+    `modelfile_server({"tiny": f"FROM {checkpoint}\\nRENDERER jinja\\n", "scripted": "FROM tiny\\nPARSER x\\n"})`;
+    `env` adds to the server's environment."""
+
+    def start(modelfiles: dict[str, str], env: dict[str, str] | None = None) -> LiveServer:
+        live = plugd_server_factory(env=env)
+        folder = tmp_path_factory.mktemp("modelfiles")
+        for name, text in modelfiles.items():
+            (folder / name).write_text(text)
+            live.cli("create", name, "-f", str(folder / name), check=True)
+        return live
+
+    return start
+
+
+@pytest.fixture(scope="module")
+def checkpoints_server(plugd_server_factory, checkpoints: dict[str, Path]) -> LiveServer:
+    """A live server holding each of the test module's `checkpoints` (a module-scoped fixture it defines: model type ->
+    checkpoint directory), uploaded and created through the ollama client as the model type with "-" for "_"."""
+    live = plugd_server_factory()
+    client = ollama.Client(host=live.url)
+    for model_type, path in checkpoints.items():
+        files = {p.name: client.create_blob(p) for p in sorted(path.iterdir())}
+        client.create(model=model_type.replace("_", "-"), files=files)
     return live

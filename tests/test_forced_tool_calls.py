@@ -24,18 +24,10 @@ SAMPLING = {"temperature": 1.0, "seed": 7, "max_tokens": 256}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, modelfile_server):
     checkpoint = json_leaning_checkpoint(tmp_path_factory.mktemp("forced") / "model")
-    live = LiveServer(checkpoint.parent / "models")
-    modelfiles = checkpoint.parent / "modelfiles"
-    modelfiles.mkdir()
-    try:
-        for name, parser in {"hermes": "qwen3", "xml": "qwen3-coder"}.items():
-            (modelfiles / name).write_text(f"FROM {checkpoint}\nRENDERER jinja\nPARSER {parser}\n")
-            live.cli("create", name, "-f", str(modelfiles / name), check=True)
-        yield live
-    finally:
-        live.stop()
+    return modelfile_server({name: f"FROM {checkpoint}\nRENDERER jinja\nPARSER {parser}\n"
+                             for name, parser in {"hermes": "qwen3", "xml": "qwen3-coder"}.items()})
 
 
 @pytest.fixture(scope="module")

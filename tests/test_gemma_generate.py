@@ -19,7 +19,6 @@ from plugd.runner.loading import load_model
 from plugd.runner.sampling import SamplingParams
 from plugd.runner.tokenizer import Tokenizer
 from plugd.testing.checkpoints import write_checkpoint
-from plugd.testing.server import LiveServer
 
 MODEL_TYPES = ["gemma3_text", "gemma4_text"]
 PROMPT = np.random.default_rng(12).integers(0, 480, 120).tolist()
@@ -54,19 +53,6 @@ def test_follow_up_and_diverging_prompts_match_cold_runs(checkpoints, model_type
     assert complete(engine, diverging)[0] == complete(Engine(model, tokenizer), diverging)[0]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, checkpoints):
-    live = LiveServer(tmp_path_factory.mktemp("gemma-store") / "models")
-    try:
-        client = ollama.Client(host=live.url)
-        for model_type, path in checkpoints.items():
-            files = {p.name: client.create_blob(p) for p in sorted(path.iterdir())}
-            client.create(model=model_type.replace("_", "-"), files=files)
-        yield live
-    finally:
-        live.stop()
-
-
 def mlx_lm_greedy_text(checkpoint: Path, prompt: str, count: int) -> str:
     model, tokenizer = mlx_lm.load(str(checkpoint))
     assert len(tokenizer.encode(prompt)) > 2 * 32  # twice the sliding window
@@ -79,9 +65,9 @@ def mlx_lm_greedy_text(checkpoint: Path, prompt: str, count: int) -> str:
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
-def test_greedy_tokens_through_the_daemon_match_mlx_lm(server, checkpoints, model_type):
+def test_greedy_tokens_through_the_daemon_match_mlx_lm(checkpoints_server, checkpoints, model_type):
     """A first prompt, then one extending it, so the second resumes from the sliding caches the first left."""
-    client = ollama.Client(host=server.url)
+    client = ollama.Client(host=checkpoints_server.url)
     first = "The quick brown fox jumps over the lazy dog. " * 8 + "Hello, world!"
     second = first + " And then the fox ran off into the woods, never to be seen again."
     for prompt, keep_alive in ((first, None), (second, 0)):

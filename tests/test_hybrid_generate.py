@@ -19,7 +19,6 @@ from plugd.runner.loading import load_model
 from plugd.runner.sampling import SamplingParams
 from plugd.runner.tokenizer import Tokenizer
 from plugd.testing.checkpoints import write_checkpoint
-from plugd.testing.server import LiveServer
 
 MODEL_TYPES = ["nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_moe"]
 PROMPT = np.random.default_rng(11).integers(0, 480, 64).tolist()
@@ -86,22 +85,9 @@ def test_a_snapshot_taken_after_the_prompt_restores_the_state_for_another_contin
     assert mx.allclose(resumed[0, -1], cold[0, -1], atol=1e-5)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, checkpoints):
-    live = LiveServer(tmp_path_factory.mktemp("hybrid-store") / "models")
-    try:
-        client = ollama.Client(host=live.url)
-        for model_type, path in checkpoints.items():
-            files = {p.name: client.create_blob(p) for p in sorted(path.iterdir())}
-            client.create(model=model_type.replace("_", "-"), files=files)
-        yield live
-    finally:
-        live.stop()
-
-
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
-def test_greedy_tokens_through_the_daemon_match_mlx_lm(server, checkpoints, model_type):
-    client = ollama.Client(host=server.url)
+def test_greedy_tokens_through_the_daemon_match_mlx_lm(checkpoints_server, checkpoints, model_type):
+    client = ollama.Client(host=checkpoints_server.url)
     prompt = "The quick brown fox jumps over the lazy dog. " * 6 + "Hello, world!"
     ours = client.generate(model=model_type.replace("_", "-"), prompt=prompt, raw=True, keep_alive=0,
                            options={"temperature": 0, "repeat_penalty": 1.0, "num_predict": 32})

@@ -13,7 +13,6 @@ from transformers import AutoTokenizer
 from plugd.testing import transcripts as scenario
 from plugd.testing.checkpoints import write_checkpoint
 from plugd.testing.plugins import write_distribution
-from plugd.testing.server import LiveServer
 
 # Parsers that make a random-weight model's output look like an agent's: thinking, text and a tool call
 # ("scripted"), or output that cannot be parsed once it ends ("fails-at-end").
@@ -65,19 +64,11 @@ def checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, checkpoint):
+def server(tmp_path_factory, checkpoint, modelfile_server):
     site = write_distribution(tmp_path_factory.mktemp("site"), "responses-parsers", {"responses_parsers": PARSERS},
                              {"responses-parsers": "responses_parsers"})
-    live = LiveServer(tmp_path_factory.mktemp("models"), env={"PYTHONPATH": str(site)})
-    modelfiles = tmp_path_factory.mktemp("modelfiles")
-    try:
-        for name, text in {"tiny": f"FROM {checkpoint}\nRENDERER jinja\n", "scripted": "FROM tiny\nPARSER scripted\n",
-                           "failing": "FROM tiny\nPARSER fails-at-end\n"}.items():
-            (modelfiles / name).write_text(text)
-            live.cli("create", name, "-f", str(modelfiles / name), check=True)
-        yield live
-    finally:
-        live.stop()
+    return modelfile_server({"tiny": f"FROM {checkpoint}\nRENDERER jinja\n", "scripted": "FROM tiny\nPARSER scripted\n",
+                             "failing": "FROM tiny\nPARSER fails-at-end\n"}, env={"PYTHONPATH": str(site)})
 
 
 @pytest.fixture(scope="module")

@@ -109,13 +109,6 @@ def soft_cap(x: mx.array, cap: float | None) -> mx.array:
     return x if cap is None else mx.tanh(x / cap) * cap
 
 
-def output_logits(model: Any, h: mx.array) -> mx.array:
-    """A Gemma model's logits for hidden states `h`: the tied embedding or lm_head, soft-capped as configured."""
-    args = model.args
-    logits = model.model.embed_tokens.as_linear(h) if args.tie_word_embeddings else model.lm_head(h)
-    return soft_cap(logits, args.final_logit_softcapping)
-
-
 def make_layer_cache(kind: str, window: int) -> KVCache | RotatingKVCache:
     return RotatingKVCache(window) if kind == SLIDING else KVCache()
 

@@ -22,6 +22,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from plugd.nn.decoder import DecoderShape, LanguageModel
 from plugd.nn.linear import Embedding, Linear
 from plugd.nn.mlp import GatedMLP
 from plugd_gemma.common import (
@@ -34,8 +35,8 @@ from plugd_gemma.common import (
     embedding_scale,
     layer_types,
     make_layer_cache,
-    output_logits,
     rope_settings,
+    soft_cap,
 )
 from plugd_gemma.spans import Span, place_media, span_mask, spans_of
 
@@ -43,15 +44,8 @@ ROPE_DEFAULTS = {FULL: {"rope_theta": 1_000_000.0}, SLIDING: {"rope_theta": 10_0
 
 
 @dataclass(frozen=True)
-class ModelArgs:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
+class ModelArgs(DecoderShape):
     head_dim: int
-    rms_norm_eps: float
     query_pre_attn_scalar: float
     sliding_window: int
     layer_types: tuple[str, ...]
@@ -64,14 +58,8 @@ class ModelArgs:
         if config.get("attn_logit_softcapping") is not None:
             raise ValueError("attention logit soft-capping is not supported (Gemma 3 checkpoints do not use it)")
         return cls(
-            vocab_size=config["vocab_size"],
-            hidden_size=config["hidden_size"],
-            intermediate_size=config["intermediate_size"],
-            num_hidden_layers=config["num_hidden_layers"],
-            num_attention_heads=config["num_attention_heads"],
-            num_key_value_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
+            **DecoderShape.fields(config),
             head_dim=config.get("head_dim", 256),
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
             query_pre_attn_scalar=config.get("query_pre_attn_scalar", 256),
             sliding_window=config.get("sliding_window", 4096),
             layer_types=tuple(layer_types(config, default_pattern=6)),
@@ -166,24 +154,15 @@ class Decoder(nn.Module):
         return self.norm(h)
 
 
-class Model(nn.Module):
+class Model(LanguageModel):
     def __init__(self, args: ModelArgs):
-        super().__init__()
-        self.args = args
-        self.model = Decoder(args)
-        if not args.tie_word_embeddings:
-            self.lm_head = Linear(args.hidden_size, args.vocab_size)
+        super().__init__(args, Decoder(args))
 
     def __call__(self, tokens: mx.array, cache: list | None = None, media: Sequence[tuple[int, mx.array]] = ()) -> mx.array:
         """(batch, length) int32 token ids -> (batch, length, vocab) logits, appending to `cache` when given; `media`
         spans (start, (n, hidden) embeddings) take those embeddings and attend bidirectionally."""
         h = self.model(tokens, cache if cache is not None else [None] * self.args.num_hidden_layers, media)
-        return output_logits(self, h)
+        return soft_cap(self.logits(h), self.args.final_logit_softcapping)
 
     def make_cache(self) -> list:
         return [make_layer_cache(kind, self.args.sliding_window) for kind in self.args.layer_types]
-
-    def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
-        if self.args.tie_word_embeddings:
-            weights.pop("lm_head.weight", None)
-        return weights

@@ -28,6 +28,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from plugd.nn.decoder import DecoderShape, LanguageModel
 from plugd.nn.linear import Embedding, Linear
 from plugd.nn.mlp import GatedMLP
 from plugd.nn.norms import RMSNorm
@@ -42,8 +43,8 @@ from plugd_gemma.common import (
     embedding_scale,
     layer_types,
     make_layer_cache,
-    output_logits,
     rope_settings,
+    soft_cap,
 )
 
 ROPE_DEFAULTS = {
@@ -57,17 +58,10 @@ MOE_KEYS = ("num_experts", "top_k_experts", "moe_intermediate_size")
 
 
 @dataclass(frozen=True)
-class ModelArgs:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
+class ModelArgs(DecoderShape):
     num_global_key_value_heads: int | None
     head_dim: int
     global_head_dim: int | None
-    rms_norm_eps: float
     sliding_window: int
     layer_types: tuple[str, ...]
     rope: Mapping[str, RopeSettings]
@@ -91,16 +85,10 @@ class ModelArgs:
         if missing:
             raise ValueError(f"the mixture-of-experts block (enable_moe_block) needs {', '.join(missing)} in config.json")
         return cls(
-            vocab_size=config["vocab_size"],
-            hidden_size=config["hidden_size"],
-            intermediate_size=config["intermediate_size"],
-            num_hidden_layers=config["num_hidden_layers"],
-            num_attention_heads=config["num_attention_heads"],
-            num_key_value_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
+            **DecoderShape.fields(config),
             num_global_key_value_heads=config.get("num_global_key_value_heads"),
             head_dim=config.get("head_dim", 256),
             global_head_dim=config.get("global_head_dim", 512),
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
             sliding_window=config.get("sliding_window", 512),
             layer_types=tuple(layer_types(config, default_pattern=5)),
             rope=rope_settings(config, ROPE_DEFAULTS),
@@ -296,19 +284,15 @@ class Decoder(nn.Module):
         return self.norm(h)
 
 
-class Model(nn.Module):
+class Model(LanguageModel):
     def __init__(self, args: ModelArgs):
-        super().__init__()
-        self.args = args
-        self.model = Decoder(args)
-        if not args.tie_word_embeddings:
-            self.lm_head = Linear(args.hidden_size, args.vocab_size)
+        super().__init__(args, Decoder(args))
 
     def __call__(self, tokens: mx.array, cache: list | None = None) -> mx.array:
         """(batch, length) int32 token ids -> (batch, length, vocab) logits, appending to `cache` when given.
         The cache holds one entry per layer that computes keys and values (see make_cache)."""
         h = self.model(tokens, cache if cache is not None else [None] * self.args.kv_layers)
-        return output_logits(self, h)
+        return soft_cap(self.logits(h), self.args.final_logit_softcapping)
 
     def make_cache(self) -> list:
         return [make_layer_cache(kind, self.args.sliding_window) for kind in self.args.layer_types[: self.args.kv_layers]]
@@ -317,8 +301,7 @@ class Model(nn.Module):
         """Drop rotary tables, activation clipping bounds, KV projections of KV-sharing layers, and a tied lm_head;
         split the experts' fused `experts.gate_up_proj` (experts, 2 * hidden, dims), gate first, into the stacked
         `experts.switch_glu.*` that MLX-converted checkpoints hold (lazily)."""
-        if self.args.tie_word_embeddings:
-            weights.pop("lm_head.weight", None)
+        weights = super().sanitize(weights)
         for name in [name for name in weights if name.endswith(".experts.gate_up_proj")]:
             prefix = name.removesuffix("gate_up_proj")
             gate, up = mx.split(weights.pop(name), 2, axis=-2)

@@ -19,7 +19,7 @@ from plugd.nn.linear import QuantizedLinear
 from plugd.nn.rotating import RotatingKVCache
 from plugd.runner.loading import load_model
 from plugd.testing.checkpoints import BASE_CONFIGS, write_checkpoint
-from plugd.testing.parity import greedy_tokens, mlx_lm_greedy_tokens
+from plugd.testing.parity import chunked_prefill, greedy_tokens, last_logits_difference, mlx_lm_greedy_tokens
 from plugd_gemma import gemma3, gemma3_text, gemma4_text
 
 # gemma3 (the vision model) is compared on text alone here, with mlx-lm's gemma3; its images in test_vision.py.
@@ -29,16 +29,6 @@ TOLERANCE = 1e-4
 PROMPT = mx.array(np.random.default_rng(7).integers(0, 512, 200), mx.int32)
 CHUNKS = ((0, 45), (45, 90), (90, 91), (91, 160), (160, 199), (199, 200))
 DECODE_TOKENS = 32
-
-
-def last_logits_difference(ours: mx.array, reference: mx.array) -> float:
-    return mx.abs(ours[0, -1] - reference[0, -1]).max().item()
-
-
-def prefill_in_chunks(model, cache) -> mx.array:
-    for start, end in CHUNKS:
-        logits = model(PROMPT[None, start:end], cache)
-    return logits
 
 
 @pytest.fixture(scope="module", params=sorted(MODULES))
@@ -62,9 +52,7 @@ def test_chunked_prefill_through_rotating_caches_matches_mlx_lm(loaded):
     ours, _, expected = loaded
     cache = ours.make_cache()
     assert {type(layer) for layer in cache} == {KVCache, RotatingKVCache}
-    logits = prefill_in_chunks(ours, cache)
-    assert last_logits_difference(logits, expected) <= TOLERANCE
-    assert all(layer.offset == 200 for layer in cache)
+    assert last_logits_difference(chunked_prefill(ours, PROMPT, CHUNKS, cache), expected) <= TOLERANCE
 
 
 def small_caches(model, slack: int, step: int) -> list:
@@ -77,7 +65,7 @@ def test_compacting_often_changes_nothing(loaded):
     """No slack and a one-position step: the sliding caches drop old positions at almost every write."""
     ours, _, expected = loaded
     cache = small_caches(ours, slack=0, step=1)
-    logits = prefill_in_chunks(ours, cache)
+    logits = chunked_prefill(ours, PROMPT, CHUNKS, cache)
     for token in PROMPT[:3].tolist():
         logits = ours(mx.array([[token]], mx.int32), cache)
     longer = mx.concatenate([PROMPT, PROMPT[:3]])
@@ -94,7 +82,7 @@ def test_cached_greedy_decode_matches_mlx_lm_generate(checkpoint, loaded):
 def test_trim_after_rotation_then_a_different_continuation_matches_a_cold_run(loaded):
     ours, _, _ = loaded
     cache = small_caches(ours, slack=24, step=8)
-    prefill_in_chunks(ours, cache)
+    chunked_prefill(ours, PROMPT, CHUNKS, cache)
     assert all(layer.start > 0 for layer in cache if isinstance(layer, RotatingKVCache))
     assert all(layer.trim(20) == 20 for layer in cache)
     other = mx.array(np.random.default_rng(8).integers(0, 512, 12), mx.int32)
@@ -169,7 +157,7 @@ def test_variants_match_mlx_lm(variant, tmp_path):
     ours, reference = load_model(path, MODULES[model_type]), load_reference(path)[0]
     assert last_logits_difference(ours(PROMPT[None]), reference(PROMPT[None])) <= TOLERANCE
     cache = ours.make_cache()
-    assert last_logits_difference(prefill_in_chunks(ours, cache), reference(PROMPT[None])) <= TOLERANCE
+    assert last_logits_difference(chunked_prefill(ours, PROMPT, CHUNKS, cache), reference(PROMPT[None])) <= TOLERANCE
 
 
 # mlx-lm's conversion of a gemma3 checkpoint drops the vision tower, so only the text model types.

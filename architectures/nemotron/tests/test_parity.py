@@ -21,25 +21,19 @@ from plugd.nn.linear import QuantizedLinear
 from plugd.nn.recurrent import RecurrentCache
 from plugd.runner.loading import CheckpointError, load_model
 from plugd.testing.checkpoints import write_checkpoint
-from plugd.testing.parity import greedy_tokens, mlx_lm_greedy_tokens
+from plugd.testing.parity import (
+    chunked_prefill,
+    counted_evaluations,
+    greedy_tokens,
+    last_logits_difference,
+    mlx_lm_greedy_tokens,
+)
 from plugd_nemotron import nemotron_h
 
 TOLERANCE = 1e-4
 PROMPT = mx.array(np.random.default_rng(7).integers(0, 512, 200), mx.int32)
 CHUNKS = ((0, 37), (37, 100), (100, 199), (199, 200))
 DECODE_TOKENS = 32
-
-
-def last_logits_difference(ours: mx.array, reference: mx.array) -> float:
-    return mx.abs(ours[0, -1] - reference[0, -1]).max().item()
-
-
-def chunked_logits(model, prompt: mx.array = PROMPT) -> mx.array:
-    cache = model.make_cache()
-    for start, end in CHUNKS:
-        logits = model(prompt[None, start:end], cache)
-    assert [layer.offset for layer in cache] == [len(prompt)] * len(cache)
-    return logits
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +55,7 @@ def test_caches_follow_the_layer_pattern(checkpoint):
 
 def test_chunked_prefill_logits_match_mlx_lm(checkpoint, reference_logits):
     model = load_model(checkpoint, nemotron_h)
-    assert last_logits_difference(chunked_logits(model), reference_logits) <= TOLERANCE
+    assert last_logits_difference(chunked_prefill(model, PROMPT, CHUNKS), reference_logits) <= TOLERANCE
     assert last_logits_difference(model(PROMPT[None]), reference_logits) <= TOLERANCE
 
 
@@ -70,16 +64,8 @@ def test_cached_greedy_decode_matches_mlx_lm_generate(checkpoint):
     assert greedy_tokens(model, PROMPT, DECODE_TOKENS) == mlx_lm_greedy_tokens(checkpoint, PROMPT, DECODE_TOKENS)
 
 
-def test_load_evaluates_once(checkpoint, monkeypatch):
-    evaluations = []
-    real_eval = mx.eval
-
-    def counting_eval(*arrays):
-        evaluations.append(len(arrays))
-        real_eval(*arrays)
-
-    monkeypatch.setattr(mx, "eval", counting_eval)
-    model = load_model(checkpoint, nemotron_h)
+def test_load_evaluates_once(checkpoint):
+    model, evaluations = counted_evaluations(lambda: load_model(checkpoint, nemotron_h))
     assert evaluations == [1]
     assert model.backbone.layers[1].mixer.switch_mlp.fc1.weight.shape == (8, 32, 64)
 
@@ -144,5 +130,5 @@ def test_quantized_checkpoint_matches_mlx_lm(quantized):
     mamba = model.backbone.layers[0].mixer
     assert isinstance(mamba.in_proj, QuantizedLinear) and mamba.in_proj.bits == 4
     reference, _ = load_reference(quantized)
-    assert last_logits_difference(chunked_logits(model), reference(PROMPT[None])) <= TOLERANCE
+    assert last_logits_difference(chunked_prefill(model, PROMPT, CHUNKS), reference(PROMPT[None])) <= TOLERANCE
     assert greedy_tokens(model, PROMPT, DECODE_TOKENS) == mlx_lm_greedy_tokens(quantized, PROMPT, DECODE_TOKENS)

@@ -15,6 +15,7 @@ import mlx.nn as nn
 
 from plugd.nn.attention import attend
 from plugd.nn.cache import KVCache
+from plugd.nn.decoder import DecoderShape, LanguageModel
 from plugd.nn.linear import Embedding, Linear
 from plugd.nn.mlp import GatedMLP
 from plugd.nn.norms import RMSNorm
@@ -22,15 +23,8 @@ from plugd.nn.rope import RoPE, rope_base
 
 
 @dataclass(frozen=True)
-class ModelArgs:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
+class ModelArgs(DecoderShape):
     head_dim: int
-    rms_norm_eps: float
     rope_theta: float
     tie_word_embeddings: bool
 
@@ -41,16 +35,9 @@ class ModelArgs:
 
 def dense_fields(config: Mapping[str, Any]) -> dict[str, Any]:
     """The ModelArgs fields of a Qwen3 config.json, with transformers' defaults where a key may be absent."""
-    heads = config["num_attention_heads"]
     return {
-        "vocab_size": config["vocab_size"],
-        "hidden_size": config["hidden_size"],
-        "intermediate_size": config["intermediate_size"],
-        "num_hidden_layers": config["num_hidden_layers"],
-        "num_attention_heads": heads,
-        "num_key_value_heads": config.get("num_key_value_heads") or heads,
-        "head_dim": config.get("head_dim") or config["hidden_size"] // heads,
-        "rms_norm_eps": config.get("rms_norm_eps", 1e-6),
+        **DecoderShape.fields(config),
+        "head_dim": config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"],
         "rope_theta": rope_base(config),
         "tie_word_embeddings": config.get("tie_word_embeddings", False),
     }
@@ -117,14 +104,10 @@ class Decoder(nn.Module):
         return self.norm(h)
 
 
-class Model(nn.Module):
+class Model(LanguageModel):
     def __init__(self, args: ModelArgs):
-        super().__init__()
-        self.args = args
         layers = [DecoderLayer(args, self.feed_forward(args, i)) for i in range(args.num_hidden_layers)]
-        self.model = Decoder(args, layers)
-        if not args.tie_word_embeddings:
-            self.lm_head = Linear(args.hidden_size, args.vocab_size)
+        super().__init__(args, Decoder(args, layers))
 
     def feed_forward(self, args: ModelArgs, layer: int) -> nn.Module:
         """The feed-forward block of layer `layer`; variants override this."""
@@ -133,14 +116,7 @@ class Model(nn.Module):
     def __call__(self, tokens: mx.array, cache: list[KVCache] | None = None) -> mx.array:
         """(batch, length) int32 token ids -> (batch, length, vocab) logits, appending to `cache` when given."""
         h = self.model(tokens, cache if cache is not None else [None] * self.args.num_hidden_layers)
-        if self.args.tie_word_embeddings:
-            return self.model.embed_tokens.as_linear(h)
-        return self.lm_head(h)
+        return self.logits(h)
 
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in range(self.args.num_hidden_layers)]
-
-    def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
-        if self.args.tie_word_embeddings:
-            weights.pop("lm_head.weight", None)
-        return weights

@@ -22,7 +22,13 @@ from plugd.nn.recurrent import RecurrentCache
 from plugd.runner.loading import load_model
 from plugd.runner.quantize import quantize_checkpoint
 from plugd.testing.checkpoints import write_checkpoint
-from plugd.testing.parity import greedy_tokens, mlx_lm_greedy_tokens
+from plugd.testing.parity import (
+    chunked_prefill,
+    counted_evaluations,
+    greedy_tokens,
+    last_logits_difference,
+    mlx_lm_greedy_tokens,
+)
 from plugd_qwen import qwen3_5, qwen3_5_moe, qwen3_next
 
 MODULES = {"qwen3_next": qwen3_next, "qwen3_5": qwen3_5, "qwen3_5_moe": qwen3_5_moe}
@@ -30,18 +36,6 @@ TOLERANCE = 1e-4
 PROMPT = mx.array(np.random.default_rng(7).integers(0, 512, 200), mx.int32)
 CHUNKS = ((0, 37), (37, 100), (100, 199), (199, 200))
 DECODE_TOKENS = 32
-
-
-def last_logits_difference(ours: mx.array, reference: mx.array) -> float:
-    return mx.abs(ours[0, -1] - reference[0, -1]).max().item()
-
-
-def chunked_logits(model) -> mx.array:
-    cache = model.make_cache()
-    for start, end in CHUNKS:
-        logits = model(PROMPT[None, start:end], cache)
-    assert [layer.offset for layer in cache] == [len(PROMPT)] * len(cache)
-    return logits
 
 
 @pytest.fixture(scope="module", params=sorted(MODULES))
@@ -64,7 +58,7 @@ def test_linear_and_full_attention_layers_get_their_caches(checkpoint):
 def test_chunked_prefill_logits_match_mlx_lm(checkpoint, reference_logits):
     model_type, path = checkpoint
     model = load_model(path, MODULES[model_type])
-    assert last_logits_difference(chunked_logits(model), reference_logits) <= TOLERANCE
+    assert last_logits_difference(chunked_prefill(model, PROMPT, CHUNKS), reference_logits) <= TOLERANCE
     assert last_logits_difference(model(PROMPT[None]), reference_logits) <= TOLERANCE
 
 
@@ -74,18 +68,10 @@ def test_cached_greedy_decode_matches_mlx_lm_generate(checkpoint):
     assert greedy_tokens(model, PROMPT, DECODE_TOKENS) == mlx_lm_greedy_tokens(path, PROMPT, DECODE_TOKENS)
 
 
-def test_load_evaluates_once_and_drops_multi_token_prediction(checkpoint, monkeypatch):
+def test_load_evaluates_once_and_drops_multi_token_prediction(checkpoint):
     model_type, path = checkpoint
     assert any(name.startswith("mtp.") for name in load_file(path / "model.safetensors"))
-    evaluations = []
-    real_eval = mx.eval
-
-    def counting_eval(*arrays):
-        evaluations.append(len(arrays))
-        real_eval(*arrays)
-
-    monkeypatch.setattr(mx, "eval", counting_eval)
-    model = load_model(path, MODULES[model_type])
+    model, evaluations = counted_evaluations(lambda: load_model(path, MODULES[model_type]))
     assert evaluations == [1]
     assert not any("mtp" in name for name, _ in tree_flatten(model.parameters()))
 
@@ -161,7 +147,7 @@ def test_mlx_lm_quantized_checkpoints_match_mlx_lm(converted):
     assert isinstance(layer.mlp.gate, QuantizedLinear) and layer.mlp.gate.bits == 8
     assert isinstance(layer.mlp.shared_expert.up_proj, QuantizedLinear) and layer.mlp.shared_expert.up_proj.bits == 4
     reference, _ = load_reference(path)
-    assert last_logits_difference(chunked_logits(model), reference(PROMPT[None])) <= TOLERANCE
+    assert last_logits_difference(chunked_prefill(model, PROMPT, CHUNKS), reference(PROMPT[None])) <= TOLERANCE
     assert greedy_tokens(model, PROMPT, DECODE_TOKENS) == mlx_lm_greedy_tokens(path, PROMPT, DECODE_TOKENS)
 
 
@@ -171,4 +157,4 @@ def test_plugd_quantized_checkpoint_reloads_and_mlx_lm_reads_it(tmp_path):
     model = load_model(tmp_path / "q", qwen3_5)
     assert isinstance(model.language_model.model.layers[0].linear_attn.in_proj_qkv, QuantizedLinear)
     reference, _ = load_reference(tmp_path / "q")
-    assert last_logits_difference(chunked_logits(model), reference(PROMPT[None])) <= TOLERANCE
+    assert last_logits_difference(chunked_prefill(model, PROMPT, CHUNKS), reference(PROMPT[None])) <= TOLERANCE

@@ -7,26 +7,19 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-import mlx.core as mx
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
 from plugd.runner.loading import CheckpointError, load_model
 from plugd.testing.checkpoints import write_checkpoint
+from plugd.testing.parity import counted_evaluations
 from plugd_qwen import qwen3, qwen3_moe
 
 
-def test_moe_checkpoint_loads_with_a_single_evaluation(tmp_path, monkeypatch):
-    evaluations = []
-    real_eval = mx.eval
-
-    def counting_eval(*arrays):
-        evaluations.append(len(arrays))
-        real_eval(*arrays)
-
-    monkeypatch.setattr(mx, "eval", counting_eval)
-    model = load_model(write_checkpoint(tmp_path, "qwen3_moe", shards=2), qwen3_moe)
+def test_moe_checkpoint_loads_with_a_single_evaluation(tmp_path):
+    path = write_checkpoint(tmp_path, "qwen3_moe", shards=2)
+    model, evaluations = counted_evaluations(lambda: load_model(path, qwen3_moe))
     assert evaluations == [1]
     assert model.model.layers[1].mlp.switch_mlp.gate_proj.weight.shape == (4, 32, 64)
 

@@ -22,21 +22,13 @@ from plugd.nn.linear import QuantizedEmbedding, QuantizedLinear
 from plugd.nn.switch import QuantizedSwitchLinear, SwitchLinear
 from plugd.runner.loading import load_model
 from plugd.testing.checkpoints import write_checkpoint
-from plugd.testing.parity import greedy_tokens, mlx_lm_greedy_tokens
+from plugd.testing.parity import greedy_tokens, last_logits_difference, mlx_lm_greedy_tokens
 from plugd_qwen import qwen3, qwen3_moe
 
 MODULES = {"qwen3": qwen3, "qwen3_moe": qwen3_moe}
 TOLERANCE = 1e-4
 PROMPT = mx.array(np.random.default_rng(7).integers(0, 512, 64), mx.int32)
 DECODE_TOKENS = 32
-
-
-def last_logits_difference(ours: mx.array, reference: mx.array) -> float:
-    return mx.abs(ours[0, -1] - reference[0, -1]).max().item()
-
-
-
-
 
 
 @pytest.fixture(scope="module", params=sorted(MODULES))
