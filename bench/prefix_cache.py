@@ -39,6 +39,8 @@ from typing import Any
 import benchlib as bl
 import httpx
 
+from plugd.runner.cache_policy import common_prefix
+
 FULL = {"hidden_size": 768, "num_hidden_layers": 24, "num_attention_heads": 12, "num_key_value_heads": 4,
         "head_dim": 64, "intermediate_size": 2048}
 QUICK = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -70,16 +72,7 @@ def session(rng: random.Random) -> list[str]:
 def _new(token_lists: list[list[int]], turn: int) -> int:
     """Tokens of a turn's prompt that no earlier prompt began with."""
     tokens = token_lists[turn]
-    return len(tokens) - max((_common(tokens, earlier) for earlier in token_lists[:turn]), default=0)
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    return len(tokens) - max((common_prefix(tokens, earlier) for earlier in token_lists[:turn]), default=0)
 
 
 def abandon(url: str, path: str, body: dict[str, Any], after_s: float) -> None:
