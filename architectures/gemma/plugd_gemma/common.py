@@ -16,6 +16,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from plugd.nn.attention import scaled_dot_product_attention
 from plugd.nn.cache import KVCache
 from plugd.nn.rotating import RotatingKVCache, window_mask
 
@@ -133,4 +134,4 @@ def attend(
 
 def attend_shared(queries: mx.array, shared: tuple[mx.array, mx.array, Any], scale: float) -> mx.array:
     keys, values, mask = shared
-    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+    return scaled_dot_product_attention(queries, keys, values, scale, mask)

@@ -19,6 +19,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from plugd.nn.attention import scaled_dot_product_attention
+
 
 @dataclass(frozen=True)
 class VisionArgs:
@@ -95,7 +97,7 @@ class Attention(nn.Module):
             return y.reshape(batch, length, self.heads, -1).transpose(0, 2, 1, 3)
 
         queries, keys, values = heads_first(self.q_proj(x)), heads_first(self.k_proj(x)), heads_first(self.v_proj(x))
-        out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale)
+        out = scaled_dot_product_attention(queries, keys, values, self.scale)
         return self.out_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))
 
 

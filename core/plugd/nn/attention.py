@@ -1,8 +1,36 @@
-"""Grouped-query scaled dot-product attention."""
+"""Scaled dot-product attention, and grouped-query attention over a causal cache."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import mlx.core as mx
+
+from plugd.nn.host_attention import host_attention
+
+_tracing = ContextVar("plugd_attention_tracing", default=False)
+
+
+@contextmanager
+def traceable() -> Iterator[None]:
+    """Keep attention in MLX operations inside this block, for mx.grad, mx.vmap or mx.compile to trace."""
+    token = _tracing.set(True)
+    try:
+        yield
+    finally:
+        _tracing.reset(token)
+
+
+def scaled_dot_product_attention(
+    queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: mx.array | str | None = None
+) -> mx.array:
+    """`mx.fast.scaled_dot_product_attention`, except that a multi-token query on the CPU goes to numpy
+    (plugd.nn.host_attention), several times faster there and equal to float32 rounding."""
+    if queries.shape[2] > 1 and mx.default_device().type == mx.DeviceType.cpu and not _tracing.get():
+        return host_attention(queries, keys, values, scale, mask)
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 
 
 def attend(queries: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
@@ -15,4 +43,4 @@ def attend(queries: mx.array, keys: mx.array, values: mx.array, scale: float) ->
     the whole cache plus its own past. A single token sees every key.
     """
     mask = "causal" if queries.shape[2] > 1 else None
-    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+    return scaled_dot_product_attention(queries, keys, values, scale, mask)

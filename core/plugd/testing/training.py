@@ -44,6 +44,7 @@ from attrs import asdict, define
 from mlx.utils import tree_unflatten
 
 from plugd import __version__, plugins
+from plugd.nn.attention import traceable
 from plugd.runner.generate import CompletionRequest, DoneEvent, Engine
 from plugd.runner.loading import compute_dtype, load_model, read_weights
 from plugd.runner.sampling import SamplingParams
@@ -270,14 +271,15 @@ def _loss(model: nn.Module, weights: dict[str, mx.array], batches: list[_Batch])
     """Mean cross-entropy over the answer tokens, and the least lead of a wanted token over its runner-up."""
     _apply(model, weights)
     total, count, least_lead = mx.array(0.0), mx.array(0.0), mx.array(mx.inf)
-    for batch in batches:
-        logits = model(batch.inputs)
-        total += (nn.losses.cross_entropy(logits, batch.targets, reduction="none") * batch.mask).sum()
-        count += batch.mask.sum()
-        wanted = mx.take_along_axis(logits, batch.targets[..., None], axis=-1)[..., 0]
-        others = mx.put_along_axis(logits, batch.targets[..., None], mx.array(-mx.inf, logits.dtype), axis=-1)
-        lead = mx.where(batch.mask > 0, wanted - others.max(axis=-1), mx.inf)
-        least_lead = mx.minimum(least_lead, mx.stop_gradient(lead.min()))
+    with traceable():
+        for batch in batches:
+            logits = model(batch.inputs)
+            total += (nn.losses.cross_entropy(logits, batch.targets, reduction="none") * batch.mask).sum()
+            count += batch.mask.sum()
+            wanted = mx.take_along_axis(logits, batch.targets[..., None], axis=-1)[..., 0]
+            others = mx.put_along_axis(logits, batch.targets[..., None], mx.array(-mx.inf, logits.dtype), axis=-1)
+            lead = mx.where(batch.mask > 0, wanted - others.max(axis=-1), mx.inf)
+            least_lead = mx.minimum(least_lead, mx.stop_gradient(lead.min()))
     return total / count, least_lead
 
 
