@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import ctypes.util
 import json
 import os
 import random
@@ -25,6 +24,7 @@ import httpx
 import numpy as np
 from procfs import blas_of, proc_status  # noqa: F401  (re-exported for the scripts)
 
+from plugd.blas import with_openblas
 from plugd.testing.checkpoints import write_checkpoint
 from plugd.testing.server import LiveServer, free_port
 
@@ -41,11 +41,8 @@ def on_sigterm_exit() -> None:
 
 
 def openblas_env() -> dict[str, str]:
-    """This environment with the system OpenBLAS preloaded, as plugd does for its runners."""
-    env = dict(os.environ)
-    if sys.platform == "linux" and (openblas := ctypes.util.find_library("openblas")):
-        env["LD_PRELOAD"] = " ".join(filter(None, [env.get("LD_PRELOAD"), openblas]))
-    return env
+    """This environment with the system OpenBLAS set up as plugd does for its runners."""
+    return with_openblas(dict(os.environ))
 
 
 def _die_with_parent() -> None:

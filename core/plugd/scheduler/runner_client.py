@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes.util
 import json
 import logging
 import os
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from plugd.blas import with_openblas
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT = float(os.environ.get("PLUGD_LOAD_TIMEOUT", "600"))
@@ -29,11 +30,7 @@ class RunnerRejected(RunnerError):
 
 
 def runner_env() -> dict[str, str]:
-    env = dict(os.environ)
-    # MLX's Linux CPU wheel links a reference BLAS; a system OpenBLAS loaded first serves the same
-    # symbols with optimised float32 GEMM.
-    if sys.platform == "linux" and (openblas := ctypes.util.find_library("openblas")):
-        env["LD_PRELOAD"] = " ".join(filter(None, [env.get("LD_PRELOAD"), openblas]))
+    env = with_openblas(dict(os.environ))
     # Loading frees many tensor-sized blocks (e.g. per-expert weights once stacked). Past glibc's dynamic
     # threshold they come from the heap and stay resident; a fixed threshold hands them back at once.
     env.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
