@@ -19,7 +19,7 @@ import mlx.nn as nn
 import numpy as np
 from attrs import define
 
-from plugd.testing.parity import greedy_tokens
+from plugd.testing.parity import chunked_prefill, greedy_tokens
 
 Reference = Callable[[mx.array], mx.array]
 # Prefill chunk boundaries as fractions of the prompt: uneven, so the cache grows across chunk edges.
@@ -83,11 +83,8 @@ def assert_parity(
     prompt = random_prompt(model) if prompt is None else prompt
     expected = reference(prompt[None])
     report = ParityReport(_last_difference(model(prompt[None]), expected), 0.0, [], [])
-    cache = model.make_cache()
     edges = sorted({0, *(max(1, round(fraction * len(prompt))) for fraction in CHUNKS)})
-    for start, end in zip(edges, edges[1:]):
-        logits = model(prompt[None, start:end], cache)
-    report.chunked_difference = _last_difference(logits, expected)
+    report.chunked_difference = _last_difference(chunked_prefill(model, prompt, list(zip(edges, edges[1:]))), expected)
     report.ours = greedy_tokens(model, prompt, decode_tokens)
     report.reference = reference_greedy_tokens(reference, prompt, decode_tokens)
     assert report.logits_difference <= tolerance, f"logits differ by {report.logits_difference:.3g} > {tolerance}"
