@@ -3,6 +3,7 @@ streamed as Ollama's NDJSON status lines; a client that goes away cancels it (a 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -12,8 +13,6 @@ from functools import partial
 from typing import Any
 
 import anyio
-import anyio.from_thread
-import anyio.lowlevel
 from attrs import define
 from litestar import Request, Response, post
 
@@ -73,14 +72,22 @@ async def _transfer(job: Job, stream: bool) -> Response[Any]:
 
 async def _progress_lines(job: Job) -> AsyncIterator[bytes]:
     send, receive = anyio.create_memory_object_stream[dict[str, Any]](math.inf)
-    token = anyio.lowlevel.current_token()
+    loop = asyncio.get_running_loop()
     cancel = threading.Event()
 
-    def on_loop(function: Callable[..., None], *args: Any) -> None:
+    def deliver(function: Callable[..., None], *args: Any) -> None:
         try:
-            anyio.from_thread.run_sync(function, *args, token=token)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, RuntimeError):
+            function(*args)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             cancel.set()  # nobody is listening any more
+
+    def on_loop(function: Callable[..., None], *args: Any) -> None:
+        # Handed over without waiting: the transfer's threads (a blob's hasher among them) never stall on the
+        # event loop, which a blocking call made them do for every progress line.
+        try:
+            loop.call_soon_threadsafe(deliver, function, *args)
+        except RuntimeError:
+            cancel.set()  # the loop is closed
 
     def run() -> None:
         try:
