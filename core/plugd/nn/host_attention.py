@@ -1,12 +1,15 @@
-"""Attention of a multi-token query on the CPU, computed by numpy.
+"""Attention of a multi-token query on the CPU, with the softmax computed by numpy.
 
 MLX's CPU backend evaluates `exp` one element at a time on x86 (about 28 ns each on
 this project's machines, against 2.5 ns for an add), so a prefill chunk over a long
 cache spends most of its time in the softmax over its scores: 256 queries of 12
 heads over 9,256 keys took 1,020 ms in `mx.fast.scaled_dot_product_attention` and
-184 ms here. The arithmetic is the same, in float32, and agrees to float32 rounding
-(about 3e-7). numpy cannot be traced, so nothing here is differentiable or
-compilable: see `plugd.nn.attention.traceable`.
+187 ms here. The two products stay in MLX: numpy's own BLAS would bring a second
+thread pool whose spinning threads fight MLX's for the cores (a 256-token prefill
+after 8k cached tokens took ~6.2 s that way, ~5.5 s this way). The arithmetic is the
+same, in float32, and agrees to float32 rounding (about 3e-7). numpy cannot be
+traced, so nothing here is differentiable or compilable: see
+`plugd.nn.attention.traceable`.
 """
 
 from __future__ import annotations
@@ -23,30 +26,35 @@ def host_attention(
     key), a boolean array (True attends) or an additive one, broadcastable to (batch, heads, queries, keys)."""
     dtype = queries.dtype
     queries, keys, values = (t.astype(mx.float32) for t in (queries, keys, values))
-    mx.eval(queries, keys, values, *([mask] if isinstance(mask, mx.array) else []))
-    q, k, v = np.asarray(queries), np.asarray(keys), np.asarray(values)
-    batch, heads, length, head_dim = q.shape
-    kv_heads, key_length = k.shape[1], k.shape[2]
+    batch, heads, length, head_dim = queries.shape
+    kv_heads, key_length = keys.shape[1], keys.shape[2]
     group = heads // kv_heads
     bias = _as_array(mask, length, key_length)
-    out = np.empty(q.shape, np.float32)
+    outputs = []
     # One key/value head at a time, so only one group's scores exist at once.
     for h in range(kv_heads):
         heads_of_group = slice(h * group, (h + 1) * group)
-        grouped = q[:, heads_of_group].reshape(batch, group * length, head_dim) * np.float32(scale)
-        scores = np.matmul(grouped, k[:, h].swapaxes(-1, -2)).reshape(batch, group, length, key_length)
-        if bias is not None:
-            part = bias[:, heads_of_group] if bias.shape[1] == heads else bias
-            if part.dtype == np.bool_:
-                np.copyto(scores, np.float32(-np.inf), where=~part)
-            else:
-                scores += part
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
-        weighted = np.matmul(scores.reshape(batch, group * length, key_length), v[:, h])
-        out[:, heads_of_group] = weighted.reshape(batch, group, length, head_dim)
-    return mx.array(out).astype(dtype)
+        grouped = queries[:, heads_of_group].reshape(batch, group * length, head_dim) * scale
+        scores = grouped @ keys[:, h].swapaxes(-1, -2)
+        mx.eval(scores)
+        # The softmax is written over the evaluated scores' own buffer, which nothing else shares; the product
+        # with the values below then reads the probabilities from it.
+        _softmax_in_place(np.asarray(scores).reshape(batch, group, length, key_length), bias, heads_of_group, heads)
+        outputs.append((scores @ values[:, h]).reshape(batch, group, length, head_dim))
+        mx.eval(outputs[-1])
+    return mx.concatenate(outputs, axis=1).astype(dtype)
+
+
+def _softmax_in_place(scores: np.ndarray, bias: np.ndarray | None, heads_of_group: slice, heads: int) -> None:
+    if bias is not None:
+        part = bias[:, heads_of_group] if bias.shape[1] == heads else bias
+        if part.dtype == np.bool_:
+            np.copyto(scores, np.float32(-np.inf), where=~part)
+        else:
+            scores += part
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
 
 
 def _as_array(mask: mx.array | str | None, length: int, key_length: int) -> np.ndarray | None:
@@ -57,5 +65,7 @@ def _as_array(mask: mx.array | str | None, length: int, key_length: int) -> np.n
         if mask != "causal":
             raise ValueError(f"unknown attention mask {mask!r}")
         return (np.arange(key_length)[None] <= np.arange(length)[:, None] + (key_length - length))[None, None]
-    array = np.asarray(mask if mask.dtype == mx.bool_ else mask.astype(mx.float32))
+    mask = mask if mask.dtype == mx.bool_ else mask.astype(mx.float32)
+    mx.eval(mask)
+    array = np.asarray(mask)
     return array.reshape((1,) * (4 - array.ndim) + array.shape)
