@@ -42,7 +42,7 @@ def on_sigterm_exit() -> None:
 
 def openblas_env() -> dict[str, str]:
     """This environment with the system OpenBLAS set up as plugd does for its runners."""
-    return with_openblas(dict(os.environ))
+    return with_openblas(os.environ)
 
 
 def _die_with_parent() -> None:

@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import ctypes.util
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 AVX512 = {"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}
 AVX2 = {"avx2", "fma"}
 
 
-def with_openblas(env: dict[str, str]) -> dict[str, str]:
-    """`env` plus what makes a child process's MLX use the system OpenBLAS well (unchanged where there is none)."""
+def with_openblas(environ: Mapping[str, str]) -> dict[str, str]:
+    """A copy of `environ` plus what makes a child process's MLX use the system OpenBLAS well (nothing added where
+    there is none)."""
+    env = dict(environ)
     openblas = ctypes.util.find_library("openblas") if sys.platform == "linux" else None
     if openblas is None:
         return env
-    env = dict(env)
     env["LD_PRELOAD"] = " ".join(filter(None, [env.get("LD_PRELOAD"), openblas]))
     if "OPENBLAS_CORETYPE" not in env and (coretype := coretype_for(cpu_flags())):
         env["OPENBLAS_CORETYPE"] = coretype

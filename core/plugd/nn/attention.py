@@ -26,8 +26,8 @@ def traceable() -> Iterator[None]:
 def scaled_dot_product_attention(
     queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: mx.array | str | None = None
 ) -> mx.array:
-    """`mx.fast.scaled_dot_product_attention`, except that a multi-token query on the CPU goes to numpy
-    (plugd.nn.host_attention), several times faster there and equal to float32 rounding."""
+    """`mx.fast.scaled_dot_product_attention`, except that a multi-token query on the CPU has its softmax computed
+    by numpy (plugd.nn.host_attention), several times faster there and equal to float32 rounding."""
     if queries.shape[2] > 1 and mx.default_device().type == mx.DeviceType.cpu and not _tracing.get():
         return host_attention(queries, keys, values, scale, mask)
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)

@@ -30,7 +30,7 @@ class RunnerRejected(RunnerError):
 
 
 def runner_env() -> dict[str, str]:
-    env = with_openblas(dict(os.environ))
+    env = with_openblas(os.environ)
     # Loading frees many tensor-sized blocks (e.g. per-expert weights once stacked). Past glibc's dynamic
     # threshold they come from the heap and stay resident; a fixed threshold hands them back at once.
     env.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
