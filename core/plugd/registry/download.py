@@ -5,11 +5,11 @@ A blob starts as one part (or as planned by `Tuning.part_size`). A part whose co
 its second half to an idle connection, again and again while connections are idle: a fast link keeps one
 in-order stream per blob (hashing keeps up with it and has little left at the end), a slow one gets parallel
 ranges. The thread that runs `BlobDownload.run` hashes the blob in order while parts are still arriving, on a
-core of its own: the fetch at the front hands it each chunk in the buffer it was read into (a few buffers per
-fetch, so reading the socket, writing and hashing overlap), and whatever landed out of order is read back
-from the file once everything before it is in. A part that fails is retried from where it stopped; after an
-interruption the next pull continues every part from its recorded progress (the `.parts` file of
-`plugd.store.partial`).
+core of its own: the fetch at the front hands it each chunk in the buffer it was read into, once written (a few
+buffers per fetch, and a writer thread beside each fetch, so reading the socket, writing and hashing overlap),
+and whatever landed out of order is read back from the file once everything before it is in. A part that fails
+is retried from where it stopped; after an interruption the next pull continues every part from its recorded
+progress (the `.parts` file of `plugd.store.partial`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ RETRIES = 3  # failed attempts in a row, without progress, before a part gives u
 BACKOFF = 0.5  # seconds, times the attempt number
 HASH_BLOCK = 8 << 20  # bytes per read of the partial file, for parts that landed out of order
 BUFFER_SIZE = 4 << 20  # bytes per read from the socket
-BUFFERS = 3  # per part being fetched: one filling from the socket while others wait for the hasher
+BUFFERS = 4  # per part being fetched: one filling from the socket, one being written, others waiting for the hasher
 SAVE_INTERVAL = 1.0  # seconds between records of the parts' progress
 CHECK_INTERVAL = 0.25  # seconds between looks at how the parts are doing
 
@@ -296,35 +296,88 @@ class BlobDownload:
                 buffers.put(memoryview(mmap.mmap(-1, BUFFER_SIZE)))  # page-aligned, as direct I/O needs
             with self.changed:
                 self.began[part.offset] = (time.monotonic(), part.done)
-            position, end = start, part.end
-            while position < end:
-                buffer = self._free_buffer(buffers)
-                count = body.readinto(buffer[: BUFFER_SIZE - position % DIRECT_BLOCK])  # the next read starts aligned
-                if self.stopping or self.cancel.is_set():
-                    raise _Stopped()
-                if not count:
-                    return  # the server hung up early: `_fetch` asks again from here
-                with self.changed:
-                    end = part.end  # a split may have moved it while this read was under way
-                count = min(count, end - position)
-                if count <= 0:
-                    return
-                partial.write(buffer[:count], position)
-                with self.changed:
-                    if position == self.handed:  # the hasher's next bytes: hand them over in memory
-                        self.landed.append(_Landed(position, buffer[:count], bind(buffers.put, buffer)))
-                        self.handed = position + count
-                    else:
+            with _ChunkWriter(bind(self._land, partial, part, buffers), buffers.put) as writer:
+                position, end = start, part.end
+                while position < end:
+                    buffer = self._free_buffer(buffers, writer)
+                    count = body.readinto(buffer[: BUFFER_SIZE - position % DIRECT_BLOCK])  # the next read starts aligned
+                    if self.stopping or self.cancel.is_set():
+                        raise _Stopped()
+                    writer.check()
+                    with self.changed:
+                        end = part.end  # a split may have moved it while this read was under way
+                    count = min(count, end - position)
+                    if count <= 0:
                         buffers.put(buffer)
+                        return  # the server hung up early (`_fetch` asks again from here), or a split took the rest
+                    writer.put(position, buffer, count)
                     position += count
-                    part.done = min(position - part.offset, part.size)
-                    self.changed.notify_all()
+            writer.check()
 
-    def _free_buffer(self, buffers: queue.SimpleQueue[memoryview]) -> memoryview:
-        """A buffer the hasher is done with (it holds the others until it has hashed them)."""
+    def _land(self, partial: PartialBlob, part: Part, buffers: queue.SimpleQueue[memoryview], position: int,
+              buffer: memoryview, count: int) -> None:
+        """Write a chunk into the partial file and record it; the hasher gets it in memory if it is next in line."""
+        with self.changed:
+            count = min(count, part.end - position)  # a split may have moved the end since the chunk was read
+        if count <= 0:
+            buffers.put(buffer)
+            return
+        partial.write(buffer[:count], position)
+        with self.changed:
+            if position == self.handed:  # the hasher's next bytes: hand them over in memory
+                self.landed.append(_Landed(position, buffer[:count], bind(buffers.put, buffer)))
+                self.handed = position + count
+            else:
+                buffers.put(buffer)
+            part.done = min(position + count - part.offset, part.size)
+            self.changed.notify_all()
+
+    def _free_buffer(self, buffers: queue.SimpleQueue[memoryview], writer: _ChunkWriter) -> memoryview:
+        """A buffer the writer and the hasher are done with."""
         while True:
             try:
                 return buffers.get(timeout=CHECK_INTERVAL)
             except queue.Empty:
                 if self.stopping or self.cancel.is_set():
                     raise _Stopped() from None
+                writer.check()
+
+
+class _ChunkWriter:
+    """Lands one fetch's chunks (`land(position, buffer, count)`) in order on a thread of its own, so the socket
+    is read while the disk takes the previous chunk: a direct write blocks until the device has the bytes, and
+    reading and writing in turn left each half idle while the other ran. After a failure the remaining chunks'
+    buffers are only given back (`release`) and `check` raises it. Leaving the block waits for every write."""
+
+    def __init__(self, land: Callable[[int, memoryview, int], None], release: Callable[[memoryview], None]):
+        self.land = land
+        self.release = release
+        self.chunks: queue.SimpleQueue[tuple[int, memoryview, int] | None] = queue.SimpleQueue()
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="plugd-pull-write", daemon=True)
+
+    def __enter__(self) -> _ChunkWriter:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.chunks.put(None)
+        self.thread.join()
+
+    def put(self, position: int, buffer: memoryview, count: int) -> None:
+        self.chunks.put((position, buffer, count))
+
+    def check(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    def _run(self) -> None:
+        while (chunk := self.chunks.get()) is not None:
+            if self.failure is not None:
+                self.release(chunk[1])
+                continue
+            try:
+                self.land(*chunk)
+            except BaseException as exc:
+                self.failure = exc
+                self.release(chunk[1])
