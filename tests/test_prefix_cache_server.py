@@ -1,5 +1,6 @@
 """The cache policy through a live daemon and the official ollama client: the runner takes the prefix-cache
-plugin when it is installed, PLUGD_CACHE_POLICY picks another, and /api/ps reports the cache."""
+plugin when it is installed, PLUGD_CACHE_POLICY picks another, /api/ps reports the cache, and the cache's
+budget is what the memory fits leave."""
 
 from __future__ import annotations
 
@@ -8,9 +9,18 @@ import ollama
 import pytest
 
 from plugd.testing.checkpoints import write_checkpoint
+from plugd.testing.plugins import write_distribution
 
 OPTIONS = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 2}
 BASE = " ".join(f"word{i}" for i in range(80))
+FIXED_FIT = """
+    import os
+    from plugd.hookspecs import MemoryFit, hookimpl
+
+    @hookimpl
+    def plugd_memory_fits():
+        return [MemoryFit(name="fixed", budget=lambda in_use: int(os.environ["TEST_BOUND"]))]
+"""
 
 
 @pytest.fixture(scope="module")
@@ -39,3 +49,15 @@ def test_the_environment_picks_the_single_slot_policy(plugd_server_factory, chec
     server = plugd_server_factory(env={"PLUGD_CACHE_POLICY": "single-slot"})
     assert first_variant_again(server, checkpoint) > 1
     assert httpx.get(f"{server.url}/api/ps").json()["models"][0]["prompt_cache"] == {"bytes": 0, "nodes": 0}
+
+
+@pytest.mark.parametrize("wanted", [None, 1 << 20])
+def test_the_cache_gets_its_budget_or_what_the_memory_fits_leave(plugd_server_factory, checkpoint, tmp_path, wanted):
+    site = write_distribution(tmp_path / "site", "fixed-fit", {"fixed_fit": FIXED_FIT}, {"fixed-fit": "fixed_fit"})
+    bound = 8 << 20  # the tiny model needs about 2.7 MB; the default budget, an eighth of memory, is far more
+    env = {"PYTHONPATH": str(site), "TEST_BOUND": str(bound)}
+    server = plugd_server_factory(env=env | ({} if wanted is None else {"PLUGD_PREFIX_CACHE_BYTES": str(wanted)}))
+    assert first_variant_again(server, checkpoint) == 1
+    model = httpx.get(f"{server.url}/api/ps").json()["models"][0]
+    assert model["prompt_cache"]["budget"] == (bound - model["size"] if wanted is None else wanted)
+    assert 0 < model["prompt_cache"]["bytes"] <= model["prompt_cache"]["budget"]

@@ -188,7 +188,7 @@ def cmd_transfer(args: argparse.Namespace) -> None:
 def cmd_runner(args: argparse.Namespace) -> None:
     from plugd.runner.server import main
 
-    sys.exit(main(args.model_dir, args.module, args.socket))
+    sys.exit(main(args.model_dir, args.module, args.socket, args.cache_budget))
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -252,6 +252,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model-dir", required=True)
     p.add_argument("--module", required=True)
     p.add_argument("--socket", required=True)
+    p.add_argument("--cache-budget", type=int, help="bytes the cache policy may keep beyond the live caches")
     p.set_defaults(func=cmd_runner)
 
     p = sub.add_parser("plugins", help="list installed plugins")

@@ -205,10 +205,17 @@ class CachePolicy:
     `reset` and `stats() -> {"bytes", "nodes"}`. plugd.runner.cache_policy.LiveCache
     implements all but `resume`. PLUGD_CACHE_POLICY picks a policy by name;
     unset, "prefix-cache" when installed, else the built-in "single-slot".
+
+    `budget`, for a policy that keeps more than the live caches, returns the
+    most bytes it would keep per loaded model. The scheduler counts that in
+    each load's memory estimate, lowered to what the memory fits leave once the
+    model is loaded, and the factory is then called with `budget=` the bytes
+    granted. It is called in the daemon, which must not import MLX.
     """
 
     name: str
     factory: str
+    budget: Callable[[], int] | None = None
 
 
 @define(frozen=True)

@@ -14,14 +14,13 @@ tokens they hold (`tokens`). Per completion the engine calls, in order:
 
 A policy is made by a factory `module:callable` named by a `CachePolicy` hook
 descriptor, called with the loaded model (whose `make_cache()` gives fresh
-caches). PLUGD_CACHE_POLICY picks one by name; unset, "prefix-cache" when a
-plugin provides it, else the built-in "single-slot".
+caches) and, for a policy that declares a budget, `budget=` the bytes the
+scheduler granted it. plugd.cache_policies says which policy runs.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -29,9 +28,6 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from plugd.nn.cache import KVCache
-
-BUILTIN_POLICY = "single-slot"
-PREFERRED_POLICY = "prefix-cache"
 
 
 class RunnerCachePolicy(Protocol):
@@ -202,16 +198,8 @@ def single_slot(model: nn.Module) -> SingleSlotPolicy:
     return SingleSlotPolicy(model)
 
 
-def chosen_factory(policies: dict[str, Any], wanted: str | None = None) -> str:
-    """The factory path of the policy named by PLUGD_CACHE_POLICY (or `wanted`), else the preferred default."""
-    wanted = wanted or os.environ.get("PLUGD_CACHE_POLICY")
-    if wanted:
-        if wanted not in policies:
-            raise ValueError(f"unknown cache policy {wanted!r}; available: {', '.join(sorted(policies))}")
-        return policies[wanted].factory
-    return policies.get(PREFERRED_POLICY, policies[BUILTIN_POLICY]).factory
-
-
-def make_policy(factory: str, model: nn.Module) -> RunnerCachePolicy:
+def make_policy(factory: str, model: nn.Module, budget: int | None = None) -> RunnerCachePolicy:
+    """The policy built by `factory` for `model`; `budget`, the bytes the scheduler granted it, when it has one."""
     module, _, name = factory.partition(":")
-    return getattr(importlib.import_module(module), name)(model)
+    make = getattr(importlib.import_module(module), name)
+    return make(model) if budget is None else make(model, budget=budget)

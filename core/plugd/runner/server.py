@@ -35,7 +35,8 @@ from litestar.datastructures import State
 from litestar.response import Stream
 
 from plugd import plugins
-from plugd.runner.cache_policy import chosen_factory, make_policy
+from plugd.cache_policies import chosen_policy
+from plugd.runner.cache_policy import make_policy
 from plugd.runner.generate import CompletionRequest, DoneEvent, Engine, TokenEvent
 from plugd.runner.grammar import GrammarRefused, Grammars, GrammarSpec, GrammarVocabulary, TokenMaskFactory
 from plugd.runner.loading import load_model
@@ -49,20 +50,21 @@ log = logging.getLogger("plugd.runner")
 class ModelHost:
     """The loaded model and the single thread every MLX call runs on."""
 
-    def __init__(self, model_dir: Path, module: str):
+    def __init__(self, model_dir: Path, module: str, cache_budget: int | None = None):
         self.mlx = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx")
         started = time.perf_counter()
-        self.engine: Engine = self.mlx.submit(self._load, model_dir, module).result()
+        self.engine: Engine = self.mlx.submit(self._load, model_dir, module, cache_budget).result()
         self.load_seconds = time.perf_counter() - started
         self.grammars = Grammars(lambda: GrammarVocabulary.of(self.engine.tokenizer, self.engine.logits_width))
 
     @staticmethod
-    def _load(model_dir: Path, module: str) -> Engine:
+    def _load(model_dir: Path, module: str, cache_budget: int | None) -> Engine:
         model = load_model(model_dir, importlib.import_module(module))
         _return_freed_heap()
-        factory = chosen_factory(plugins.load().named("plugd_cache_policies"))
-        log.info("cache policy %s", factory)
-        return Engine(model, Tokenizer.from_dir(model_dir), cache_policy=lambda m: make_policy(factory, m))
+        factory = chosen_policy(plugins.load().named("plugd_cache_policies")).factory
+        log.info("cache policy %s%s", factory, "" if cache_budget is None else f", budget {cache_budget} bytes")
+        return Engine(model, Tokenizer.from_dir(model_dir),
+                      cache_policy=lambda m: make_policy(factory, m, cache_budget))
 
     def encode(self, text: str, media: list[dict[str, str]]) -> EncodedPrompt:
         """`text` and its images as the engine takes them; ValueError when the images do not fit the prompt."""
@@ -230,11 +232,11 @@ def _error(request: Request, exc: Exception) -> Response[Any]:
     return Response({"error": str(exc) or type(exc).__name__}, status_code=getattr(exc, "status_code", 500))
 
 
-def main(model_dir: str, module: str, socket_path: str) -> int:
+def main(model_dir: str, module: str, socket_path: str, cache_budget: int | None = None) -> int:
     logging.basicConfig(level=os.environ.get("PLUGD_LOG_LEVEL", "INFO").upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s runner[%(process)d]: %(message)s")
     try:
-        host = ModelHost(Path(model_dir), module)
+        host = ModelHost(Path(model_dir), module, cache_budget)
     except Exception as exc:  # the daemon reads this last line as the load error
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -40,9 +40,10 @@ def runner_env() -> dict[str, str]:
 class RunnerProcess:
     """One `plugd runner` child. `start` and `close` are serialised; once closing has begun, start refuses."""
 
-    def __init__(self, files: dict[str, Path], module: str):
+    def __init__(self, files: dict[str, Path], module: str, cache_budget: int | None = None):
         self.files = files
         self.module = module
+        self.cache_budget = cache_budget
         self.workdir = Path(tempfile.mkdtemp(prefix="plugd-runner-"))
         self.socket = self.workdir / "runner.sock"
         self.log_path = self.workdir / "runner.log"
@@ -70,6 +71,7 @@ class RunnerProcess:
                 self.process = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "plugd", "runner", "--model-dir", str(self._model_dir()),
                     "--module", self.module, "--socket", str(self.socket),
+                    *([] if self.cache_budget is None else ["--cache-budget", str(self.cache_budget)]),
                     stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=runner_env(),
                 )
             try:

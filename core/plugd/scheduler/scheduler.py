@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 
 from attrs import define, field
 
+from plugd.cache_policies import chosen_policy
 from plugd.chat.models import ResolvedModel
 from plugd.plugins import Registry
 from plugd.scheduler import memory
@@ -30,7 +31,8 @@ class Loaded:
     model: ResolvedModel
     runner: RunnerProcess
     num_ctx: int
-    size: int
+    size: int  # weights and caches, estimated for num_ctx
+    cache_budget: int = 0  # what the cache policy may keep beyond the live caches
     active: int = 0
     keep_alive: float = 300.0
     unload_requested: bool = False
@@ -43,6 +45,7 @@ class Loaded:
 class Scheduler:
     def __init__(self, registry: Registry):
         self.registry = registry
+        self.cache_policy = chosen_policy(registry.named("plugd_cache_policies"))
         self.max_loaded = int(os.environ.get("PLUGD_MAX_LOADED_MODELS") or 0) or math.inf
         self.max_queue = int(os.environ.get("PLUGD_MAX_QUEUE") or 512)
         self.loaded: dict[str, Loaded] = {}  # by manifest digest
@@ -51,7 +54,7 @@ class Scheduler:
         self.loading = asyncio.Lock()
 
     def in_use(self) -> int:
-        return sum(entry.size for entry in self.loaded.values())
+        return sum(entry.size + entry.cache_budget for entry in self.loaded.values())
 
     @asynccontextmanager
     async def acquire(self, model: ResolvedModel, num_ctx: int, keep_alive: float) -> AsyncIterator[Loaded]:
@@ -105,7 +108,9 @@ class Scheduler:
                 if entry:
                     self._hold(entry)
                     return entry
-            entry = Loaded(model=model, runner=RunnerProcess(model.files, module), num_ctx=num_ctx, size=needed)
+                cache_budget = self._cache_budget(needed)
+            entry = Loaded(model=model, runner=RunnerProcess(model.files, module, cache_budget), num_ctx=num_ctx,
+                           size=needed, cache_budget=cache_budget or 0)
             try:
                 await entry.runner.start()
             except BaseException:
@@ -132,6 +137,21 @@ class Scheduler:
             if self.loaded:
                 return False
             raise memory.InsufficientMemory(str(model.name), needed, bound)
+
+    def _cache_budget(self, needed: int) -> int | None:
+        """The bytes the cache policy may keep beyond the live caches of a load needing `needed`: its own budget,
+        lowered to what the memory fits leave (a model that fits is never refused or evicted for its cache).
+        None for a policy that keeps nothing beyond them."""
+        if self.cache_policy.budget is None:
+            return None
+        wanted = self.cache_policy.budget()
+        bound = memory.budget(self.registry, self.in_use())
+        if bound is None or wanted <= bound - self.in_use() - needed:
+            return wanted
+        granted = max(0, bound - self.in_use() - needed)
+        log.info("cache policy %s gets %.1f of its %.1f MiB: what the memory fits leave", self.cache_policy.name,
+                 granted / 2**20, wanted / 2**20)
+        return granted
 
     def _hold(self, entry: Loaded) -> None:
         entry.active += 1

@@ -5,10 +5,11 @@ the policy through its factory path.
 """
 
 from plugd.hookspecs import CachePolicy, hookimpl
+from plugd_prefix_cache.budget import default_budget
 
 PLUGD_API = "1.0"
 
 
 @hookimpl
 def plugd_cache_policies():
-    return [CachePolicy(name="prefix-cache", factory="plugd_prefix_cache.policy:prefix_cache")]
+    return [CachePolicy(name="prefix-cache", factory="plugd_prefix_cache.policy:prefix_cache", budget=default_budget)]

@@ -28,9 +28,9 @@ import mlx.nn as nn
 from plugd.nn.cache import KVCache
 from plugd.nn.rotating import RotatingState
 from plugd.runner.cache_policy import LiveCache, common_prefix
+from plugd_prefix_cache.budget import default_budget
 from plugd_prefix_cache.trie import EdgeKV, Node, descendants, media_boundary, snapshot_arrays, walk
 
-BUDGET_SHARE_OF_MEMORY = 8  # the default budget is this fraction of physical memory
 DEFAULT_INTERVAL = 512
 # Restore points this far before a prompt's end: the next turn of an agent often drops the end (a runtime reminder),
 # and a cache that cannot be trimmed (recurrent state) resumes only from a restore point before it. Doubling
@@ -38,16 +38,6 @@ DEFAULT_INTERVAL = 512
 # on tiny hybrid checkpoints (its reminder is ~75 tokens) they bring the tokens evaluated from 1.37x to 1.12x the
 # new ones.
 DEFAULT_TAIL_MARGINS = (16, 32, 64, 128, 256)
-
-
-def default_budget() -> int:
-    """PLUGD_PREFIX_CACHE_BYTES, else an eighth of physical memory: small machines get a small cache."""
-    if value := os.environ.get("PLUGD_PREFIX_CACHE_BYTES"):
-        return int(value)
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // BUDGET_SHARE_OF_MEMORY
-    except (ValueError, OSError):
-        return 1 << 30
 
 
 class PrefixCachePolicy(LiveCache):
@@ -228,8 +218,8 @@ class PrefixCachePolicy(LiveCache):
                 del victim.parent.children[victim.tokens[0]]
             nodes.remove(victim)
             total -= held.pop(victim)
-        self._stats = {"bytes": total, "nodes": len(nodes)}
+        self._stats = {"bytes": total, "nodes": len(nodes), "budget": self.budget}
 
 
-def prefix_cache(model: nn.Module) -> PrefixCachePolicy:
-    return PrefixCachePolicy(model)
+def prefix_cache(model: nn.Module, budget: int | None = None) -> PrefixCachePolicy:
+    return PrefixCachePolicy(model, budget)

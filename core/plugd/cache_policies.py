@@ -1,0 +1,25 @@
+"""Which cache policy the runners use.
+
+PLUGD_CACHE_POLICY picks a policy by name; unset, "prefix-cache" when it is installed, else the built-in
+"single-slot". The daemon makes the same choice as the runners, to count the policy's budget in each load's
+memory estimate; this module imports no MLX, so the daemon can.
+"""
+
+from __future__ import annotations
+
+import os
+
+from plugd.hookspecs import CachePolicy
+
+BUILTIN_POLICY = "single-slot"
+PREFERRED_POLICY = "prefix-cache"
+
+
+def chosen_policy(policies: dict[str, CachePolicy]) -> CachePolicy:
+    """The policy named by PLUGD_CACHE_POLICY, else the preferred default."""
+    if wanted := os.environ.get("PLUGD_CACHE_POLICY"):
+        if wanted not in policies:
+            raise ValueError(f"unknown cache policy {wanted!r}; available: {', '.join(sorted(policies))}")
+        return policies[wanted]
+    return policies.get(PREFERRED_POLICY, policies[BUILTIN_POLICY])
+
