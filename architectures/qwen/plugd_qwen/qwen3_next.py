@@ -29,6 +29,7 @@ import mlx.nn as nn
 
 from plugd.nn.attention import attend
 from plugd.nn.cache import KVCache
+from plugd.nn.decoder import LanguageModel
 from plugd.nn.gated_delta import gated_delta, gates, normalize_qk
 from plugd.nn.linear import Linear
 from plugd.nn.mlp import GatedMLP
@@ -242,23 +243,16 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class Model(nn.Module):
+class Model(LanguageModel):
     linear_attention = GatedDeltaNet
 
     def __init__(self, args: ModelArgs):
-        super().__init__()
-        self.args = args
         layers = [DecoderLayer(args, i, self.linear_attention) for i in range(args.num_hidden_layers)]
-        self.model = qwen3.Decoder(args, layers)
-        if not args.tie_word_embeddings:
-            self.lm_head = Linear(args.hidden_size, args.vocab_size)
+        super().__init__(args, qwen3.Decoder(args, layers))
 
     def __call__(self, tokens: mx.array, cache: list[Cache] | None = None) -> mx.array:
         """(batch, length) int32 token ids -> (batch, length, vocab) logits, advancing `cache` when given."""
-        h = self.model(tokens, cache if cache is not None else [None] * self.args.num_hidden_layers)
-        if self.args.tie_word_embeddings:
-            return self.model.embed_tokens.as_linear(h)
-        return self.lm_head(h)
+        return self.logits(self.model(tokens, cache if cache is not None else [None] * self.args.num_hidden_layers))
 
     def make_cache(self) -> list[Cache]:
         """Per layer: a recurrent cache for linear attention, keys and values for full attention."""
@@ -282,9 +276,7 @@ class Model(nn.Module):
             if self.args.is_sparse(layer):
                 stack_fused_experts(weights, f"model.layers.{layer}.mlp")
                 stack_experts(weights, f"model.layers.{layer}.mlp", self.args.num_experts)
-        if self.args.tie_word_embeddings:
-            weights.pop("lm_head.weight", None)
-        return weights
+        return super().sanitize(weights)
 
 
 def stack_fused_experts(weights: dict[str, mx.array], prefix: str) -> None:
