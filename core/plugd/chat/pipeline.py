@@ -299,19 +299,30 @@ async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta |
                 yield _delta(pieces, logprobs)
 
 
-async def collect(first: Delta | Final, events: AsyncIterator[Delta | Final]) -> tuple[Delta, Final]:
-    """The whole response: every delta joined, and the final event; `events` is closed, releasing the runner."""
-    total, event = Delta(), first
+async def drain(first: Delta | Final, events: AsyncIterator[Delta | Final], feed: Callable[[Delta], object]) -> Final:
+    """Hand every delta to `feed` and return the final event; `events` is closed, releasing the runner, before
+    this returns (a whole, non-streamed response goes out after that)."""
+    event = first
     try:
         while not isinstance(event, Final):
-            total.content += event.content
-            total.thinking += event.thinking
-            total.tool_calls += event.tool_calls
-            total.logprobs += event.logprobs
+            feed(event)
             event = await anext(events)
     finally:
         await events.aclose()
-    return total, event
+    return event
+
+
+async def collect(first: Delta | Final, events: AsyncIterator[Delta | Final]) -> tuple[Delta, Final]:
+    """The whole response: every delta joined, and the final event."""
+    total = Delta()
+
+    def join(delta: Delta) -> None:
+        total.content += delta.content
+        total.thinking += delta.thinking
+        total.tool_calls += delta.tool_calls
+        total.logprobs += delta.logprobs
+
+    return total, await drain(first, events, join)
 
 
 def _logprob(event: dict[str, Any]) -> dict[str, Any]:

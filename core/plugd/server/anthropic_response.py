@@ -10,7 +10,7 @@ from typing import Any
 
 from attrs import define, field
 
-from plugd.chat.pipeline import Delta, Final, UnparseableOutput
+from plugd.chat.pipeline import Delta, Final, UnparseableOutput, drain
 from plugd.scheduler.runner_client import RunnerError
 from plugd.server.errors import error_body
 from plugd.server.sse import sse_event
@@ -118,15 +118,9 @@ async def whole_message(model: str, first: Delta | Final, events: AsyncIterator[
                         hide_thinking: bool) -> dict[str, Any]:
     """The complete message; the pipeline is closed (and the runner released) before it returns."""
     blocks = ContentBlocks(hide_thinking=hide_thinking)
-    event = first
-    try:
-        while not isinstance(event, Final):
-            blocks.add(event)
-            event = await anext(events)
-    finally:
-        await events.aclose()
+    final = await drain(first, events, blocks.add)
     blocks.close()
-    return message(message_id(), model, blocks.content, event, stop_reason(event, blocks))
+    return message(message_id(), model, blocks.content, final, stop_reason(final, blocks))
 
 
 async def message_stream(model: str, first: Delta | Final, events: AsyncIterator[Delta | Final],

@@ -457,14 +457,7 @@ async def create_response(request: Request) -> Any:
     first = await anext(events)  # errors before any output become an HTTP error status
     if body.stream:
         return streamed(_stream(builder, first, events), SSE)
-    event = first
-    try:
-        while not isinstance(event, Final):
-            builder.feed(event)
-            event = await anext(events)
-    finally:
-        await events.aclose()  # releases the runner before the response goes out
-    builder.finish(event)
+    builder.finish(await pipeline.drain(first, events, builder.feed))
     return Response(builder.response)
 
 
