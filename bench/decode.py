@@ -98,12 +98,13 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="plugd-bench-") as tmp, ExitStack() as stack:
         model_dir = Path(tmp) / "model"
-        info = bl.write_bench_checkpoint(model_dir, "qwen3", QUICK if args.quick else FULL, args.vocab)
+        num_ctx = prompt_len + tokens + 16
+        shape = (QUICK if args.quick else FULL) | {"max_position_embeddings": max(4096, num_ctx)}
+        info = bl.write_bench_checkpoint(model_dir, "qwen3", shape, args.vocab)
         print(f"model: {bl.describe(info['config'], args.vocab)}: {info['params'] / 1e6:.1f}M parameters, "
               f"{bl.mib(info['weight_bytes'])} of weights")
         print(f"run: prompt {prompt_len} tokens, {tokens} generated tokens, temperature 0, 1 warm-up + {reps} repetitions")
         prompts = bl.make_prompts(model_dir, reps + 1, prompt_len)
-        num_ctx = prompt_len + tokens + 16
 
         server = stack.enter_context(bl.plugd_server(Path(tmp) / "store", model_dir, "bench"))
         peer = stack.enter_context(bl.MlxPeer(model_dir))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from plugd.nn.attention import scaled_dot_product_attention, traceable
+from plugd.nn.attention import HOST_DECODE_MIN_KEYS, scaled_dot_product_attention, traceable
 from plugd.nn.host_attention import host_attention
 from plugd.nn.rotating import window_mask
 
@@ -28,7 +28,7 @@ def _difference(q, k, v, mask) -> float:
 
 
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (12, 4), (8, 1)])
-@pytest.mark.parametrize(("length", "keys"), [(7, 7), (16, 300), (300, 300)])
+@pytest.mark.parametrize(("length", "keys"), [(7, 7), (16, 300), (300, 300), (1, 1), (1, 3000)])
 def test_causal_over_a_cache_matches_mlx(heads, kv_heads, length, keys):
     assert _difference(*_tensors(heads, kv_heads, length, keys), "causal") < 1e-5
 
@@ -75,6 +75,13 @@ def test_a_multi_token_query_on_the_cpu_goes_through_numpy_and_traceable_keeps_i
     assert mx.array_equal(
         scaled_dot_product_attention(one, k, v, SCALE), mx.fast.scaled_dot_product_attention(one, k, v, scale=SCALE)
     ).item()
+
+
+def test_one_token_over_a_long_cache_goes_through_numpy():
+    q, k, v = _tensors(12, 4, 1, HOST_DECODE_MIN_KEYS)
+    host = host_attention(q, k, v, SCALE, None)
+    assert not mx.array_equal(host, mx.fast.scaled_dot_product_attention(q, k, v, scale=SCALE)).item()
+    assert mx.array_equal(scaled_dot_product_attention(q, k, v, SCALE), host).item()
 
 
 def test_gradients_flow_through_attention_inside_traceable():
