@@ -1,4 +1,4 @@
-"""Attention of a multi-token query on the CPU, with the softmax computed by numpy.
+"""Attention on the CPU with the softmax computed by numpy (see `plugd.nn.attention` for which queries).
 
 MLX's CPU backend evaluates `exp` one element at a time on x86 (about 28 ns each on
 this project's machines, against 2.5 ns for an add), so a prefill chunk over a long
