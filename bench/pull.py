@@ -1,6 +1,6 @@
-"""Pull throughput: `plugd pull` of a ~1 GiB model from a loopback registry, against `curl` fetching the same blobs.
+"""Pull throughput: `plugd pull` of a 1 GiB model from a loopback registry, against `curl` fetching the same blobs.
 
-    .venv/bin/python bench/pull.py            # ~1 GiB float32 Qwen3 checkpoint in 2 shards, 3 rounds
+    .venv/bin/python bench/pull.py            # a 1 GiB float32 Qwen3 checkpoint in 2 shards, 3 rounds
     .venv/bin/python bench/pull.py --quick    # a tiny model, 1 round (the smoke test)
 
 A real registry (Debian's `docker-registry`) serves on loopback from a temporary directory. One `plugd serve`
@@ -36,7 +36,7 @@ from plugd.registry.testing import DockerRegistry, registry_binary
 from plugd.testing.checkpoints import write_checkpoint
 from plugd.testing.server import LiveServer
 
-FULL = {"hidden_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 8,
+FULL = {"hidden_size": 1024, "num_hidden_layers": 17, "num_attention_heads": 16, "num_key_value_heads": 8,
         "head_dim": 64, "intermediate_size": 4096}
 TARGET = 0.9
 MODEL = "bench/model:latest"
