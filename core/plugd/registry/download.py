@@ -316,13 +316,18 @@ class BlobDownload:
 
     def _land(self, partial: PartialBlob, part: Part, buffers: queue.SimpleQueue[memoryview], position: int,
               buffer: memoryview, count: int) -> None:
-        """Write a chunk into the partial file and record it; the hasher gets it in memory if it is next in line."""
+        """Write a chunk into the partial file and record it; the hasher gets it in memory if it is next in line.
+        The buffer is always given back or handed on, also when the write fails."""
         with self.changed:
             count = min(count, part.end - position)  # a split may have moved the end since the chunk was read
         if count <= 0:
             buffers.put(buffer)
             return
-        partial.write(buffer[:count], position)
+        try:
+            partial.write(buffer[:count], position)
+        except BaseException:
+            buffers.put(buffer)
+            raise
         with self.changed:
             if position == self.handed:  # the hasher's next bytes: hand them over in memory
                 self.landed.append(_Landed(position, buffer[:count], bind(buffers.put, buffer)))
@@ -346,8 +351,9 @@ class BlobDownload:
 class _ChunkWriter:
     """Lands one fetch's chunks (`land(position, buffer, count)`) in order on a thread of its own, so the socket
     is read while the disk takes the previous chunk: a direct write blocks until the device has the bytes, and
-    reading and writing in turn left each half idle while the other ran. After a failure the remaining chunks'
-    buffers are only given back (`release`) and `check` raises it. Leaving the block waits for every write."""
+    reading and writing in turn left each half idle while the other ran. `land` gives each buffer back or hands it
+    on; after a failure the remaining chunks' buffers are only given back (`release`), and `check` raises the
+    failure. Leaving the block waits for every write."""
 
     def __init__(self, land: Callable[[int, memoryview, int], None], release: Callable[[memoryview], None]):
         self.land = land
@@ -380,4 +386,3 @@ class _ChunkWriter:
                 self.land(*chunk)
             except BaseException as exc:
                 self.failure = exc
-                self.release(chunk[1])

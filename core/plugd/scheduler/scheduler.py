@@ -145,13 +145,15 @@ class Scheduler:
         if self.cache_policy.budget is None:
             return None
         wanted = self.cache_policy.budget()
-        bound = memory.budget(self.registry, self.in_use())
-        if bound is None or wanted <= bound - self.in_use() - needed:
+        in_use = self.in_use()
+        bound = memory.budget(self.registry, in_use)
+        if bound is None:
             return wanted
-        granted = max(0, bound - self.in_use() - needed)
-        log.info("cache policy %s gets %.1f of its %.1f MiB: what the memory fits leave", self.cache_policy.name,
-                 granted / 2**20, wanted / 2**20)
-        return granted
+        room = max(0, bound - in_use - needed)
+        if room < wanted:
+            log.info("cache policy %s gets %.1f of its %.1f MiB: what the memory fits leave", self.cache_policy.name,
+                     room / 2**20, wanted / 2**20)
+        return min(wanted, room)
 
     def _hold(self, entry: Loaded) -> None:
         entry.active += 1
