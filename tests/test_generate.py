@@ -167,7 +167,7 @@ def test_two_models_alternate_under_a_memory_bound_that_fits_one(tmp_path, tiny_
 
         @hookimpl
         def plugd_memory_fits():
-            return [MemoryFit(name="fixed", budget=lambda in_use: int(os.environ["TEST_BUDGET"]))]
+            return [MemoryFit(name="fixed", budget=lambda held: int(os.environ["TEST_BUDGET"]))]
     """
     site = write_distribution(tmp_path / "site", "fixed-budget", {"fixed_budget": fit}, {"fixed-budget": "fixed_budget"})
     # The tiny model needs about 2.7 MB at num_ctx 4096 (weights in float32 plus its KV cache).

@@ -19,7 +19,7 @@ FIXED_FIT = """
 
     @hookimpl
     def plugd_memory_fits():
-        return [MemoryFit(name="fixed", budget=lambda in_use: int(os.environ["TEST_BOUND"]))]
+        return [MemoryFit(name="fixed", budget=lambda held: int(os.environ["TEST_BOUND"]))]
 """
 
 

@@ -222,8 +222,9 @@ class CachePolicy:
 class MemoryFit:
     """A bound on the bytes plugd's loaded models may use in all; the scheduler takes the tightest bound.
 
-    `budget(in_use)` is given the bytes the models loaded now are estimated to
-    hold and returns the total they may hold, or None when it has no opinion
+    `budget(held)` is given the bytes the loaded models' runners hold now
+    (measured where the platform tells, estimated elsewhere) and returns the
+    total the loaded models may come to hold, or None when it has no opinion
     (for example on a platform it does not know).
     """
 

@@ -22,9 +22,9 @@ def available_bytes() -> int | None:
         return None
 
 
-def budget(in_use: int) -> int | None:
+def budget(held: int) -> int | None:
     available = available_bytes()
-    return None if available is None else available + in_use
+    return None if available is None else available + held
 
 
 @hookimpl

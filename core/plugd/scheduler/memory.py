@@ -104,6 +104,19 @@ def kv_cache_bytes(config: dict[str, Any], num_ctx: int) -> int:
     return full + (1 + SNAPSHOTS) * (sliding + recurrent) + working
 
 
+def resident_bytes(pid: int) -> int | None:
+    """The anonymous memory process `pid` holds now (Linux's RssAnon: what only ending it gives back, while its
+    file pages already count as available); None where the platform does not say."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def _binary_size(n: int) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
@@ -116,12 +129,13 @@ class InsufficientMemory(RuntimeError):
         )
 
 
-def budget(registry: Registry, in_use: int) -> int | None:
-    """The tightest bound the memory-fit plugins give, None when none has an opinion."""
+def budget(registry: Registry, held: int) -> int | None:
+    """The tightest bound the memory-fit plugins give the loaded models holding `held` bytes now, None when none
+    has an opinion."""
     bounds = []
     for fit in registry.items.get("plugd_memory_fits", []):
         try:
-            bound = fit.budget(in_use)
+            bound = fit.budget(held)
         except Exception:  # a memory-fit plugin must not break loading
             log.exception("memory fit %s failed; ignoring it", fit.name)
             continue

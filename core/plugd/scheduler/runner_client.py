@@ -101,6 +101,10 @@ class RunnerProcess:
         return f"model runner {how}" + (f": {lines[-1]}" if lines else "")
 
     @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    @property
     def alive(self) -> bool:
         return self.process is not None and self.process.returncode is None and not self.closing
 

@@ -33,6 +33,8 @@ class Loaded:
     num_ctx: int
     size: int  # weights and caches, estimated for num_ctx
     cache_budget: int = 0  # what the cache policy may keep beyond the live caches
+    growth: int = 0  # what its caches may add once it is ready: the live caches for num_ctx and cache_budget
+    resident_at_ready: int | None = None  # its runner's resident bytes when loading finished, where measurable
     active: int = 0
     keep_alive: float = 300.0
     unload_requested: bool = False
@@ -53,8 +55,23 @@ class Scheduler:
         self.changed = asyncio.Condition()  # guards `loaded` and each entry's counters
         self.loading = asyncio.Lock()
 
-    def in_use(self) -> int:
-        return sum(entry.size + entry.cache_budget for entry in self.loaded.values())
+    def _memory(self) -> tuple[int, int]:
+        """(held, claimed): the bytes the loaded runners hold now, and those plus what their caches may still add.
+
+        Estimates alone would count a model's unfilled caches twice, in its estimate and in the memory still
+        free, so a second model could load into memory the first one's caches will need. Where the platform
+        reports a runner's resident memory, that is what it holds, and its caches may still add their estimate
+        less what it has grown by since it was ready."""
+        held = claimed = 0
+        for entry in self.loaded.values():
+            resident = memory.resident_bytes(entry.runner.pid) if entry.resident_at_ready is not None else None
+            if resident is None:
+                held += entry.size + entry.cache_budget
+                claimed += entry.size + entry.cache_budget
+            else:
+                held += resident
+                claimed += resident + max(0, entry.growth - (resident - entry.resident_at_ready))
+        return held, claimed
 
     @asynccontextmanager
     async def acquire(self, model: ResolvedModel, num_ctx: int, keep_alive: float) -> AsyncIterator[Loaded]:
@@ -88,7 +105,8 @@ class Scheduler:
     async def _ready(self, model: ResolvedModel, num_ctx: int) -> Loaded:
         """The model's loaded runner, held for the caller; loads it (making room first) when needed."""
         module = model.require_architecture().module
-        needed = memory.weight_bytes(model.tensors) + memory.kv_cache_bytes(model.model_files.config, num_ctx)
+        caches = memory.kv_cache_bytes(model.model_files.config, num_ctx)
+        needed = memory.weight_bytes(model.tensors) + caches
         async with self.changed:
             if entry := self._usable(model.digest, num_ctx):
                 self._hold(entry)
@@ -110,12 +128,13 @@ class Scheduler:
                     return entry
                 cache_budget = self._cache_budget(needed)
             entry = Loaded(model=model, runner=RunnerProcess(model.files, module, cache_budget), num_ctx=num_ctx,
-                           size=needed, cache_budget=cache_budget or 0)
+                           size=needed, cache_budget=cache_budget or 0, growth=caches + (cache_budget or 0))
             try:
                 await entry.runner.start()
             except BaseException:
                 await entry.runner.close()
                 raise
+            entry.resident_at_ready = memory.resident_bytes(entry.runner.pid)
             async with self.changed:
                 self.loaded[model.digest] = entry
                 self._hold(entry)
@@ -126,8 +145,9 @@ class Scheduler:
         """Evict idle models until `needed` fits; False to wait for busy ones; InsufficientMemory if it never fits."""
         while True:
             idle = sorted((e for e in self.loaded.values() if e.active == 0), key=lambda e: e.last_used)
-            bound = memory.budget(self.registry, self.in_use())
-            fits = bound is None or needed + self.in_use() <= bound
+            held, claimed = self._memory()
+            bound = memory.budget(self.registry, held)
+            fits = bound is None or needed + claimed <= bound
             if fits and len(self.loaded) < self.max_loaded:
                 return True
             if idle:
@@ -145,11 +165,11 @@ class Scheduler:
         if self.cache_policy.budget is None:
             return None
         wanted = self.cache_policy.budget()
-        in_use = self.in_use()
-        bound = memory.budget(self.registry, in_use)
+        held, claimed = self._memory()
+        bound = memory.budget(self.registry, held)
         if bound is None:
             return wanted
-        room = max(0, bound - in_use - needed)
+        room = max(0, bound - claimed - needed)
         if room < wanted:
             log.info("cache policy %s gets %.1f of its %.1f MiB: what the memory fits leave", self.cache_policy.name,
                      room / 2**20, wanted / 2**20)
