@@ -62,6 +62,8 @@ def test_each_placeholder_becomes_one_run_of_image_tokens_keyed_by_its_bytes(gem
     assert [prompt.keys[i] for i in text_positions] == [prompt.tokens[i] for i in text_positions]
     expanded = TURN.format(model.media_expansion + "a" + model.media_expansion + "b" + model.media_expansion + "c")
     assert prompt.tokens == tokenizer.encode(expanded)
+    counted = encode(model, tokenizer, TURN.format(f"{IMAGE}a{IMAGE}b{IMAGE}c"), [RED, BLUE, RED], decode_images=False)
+    assert (counted.tokens, counted.keys, counted.images) == (prompt.tokens, prompt.keys, {})
 
 
 @pytest.mark.parametrize(("text", "media", "error"), [

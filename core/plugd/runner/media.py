@@ -54,9 +54,11 @@ def inside_run(keys: Sequence[int], position: int) -> bool:
     return 0 < position < len(keys) and keys[position] < 0 and keys[position - 1] == keys[position]
 
 
-def encode(model: Any, tokenizer: Tokenizer, text: str, media: Sequence[Mapping[str, str]] = ()) -> EncodedPrompt:
+def encode(model: Any, tokenizer: Tokenizer, text: str, media: Sequence[Mapping[str, str]] = (),
+           decode_images: bool = True) -> EncodedPrompt:
     """`text` tokenized with each image placeholder expanded; `media` are the images in order, as the runner
-    protocol carries them (base64 `data`, `mime_type`). ValueError when they do not fit the prompt."""
+    protocol carries them (base64 `data`, `mime_type`). ValueError when they do not fit the prompt. Without
+    `decode_images` the images are left out (`images` empty), for counting tokens."""
     placeholder = getattr(model, "media_placeholder", None)
     if placeholder is None:
         if media:
@@ -78,7 +80,7 @@ def encode(model: Any, tokenizer: Tokenizer, text: str, media: Sequence[Mapping[
         data = _bytes(item["data"])
         key = media_key(data)
         keys[start:end] = [key] * (end - start)
-        if key not in images:
+        if decode_images and key not in images:
             images[key] = _decoded(data)
     return EncodedPrompt(tokens, keys, images)
 

@@ -66,9 +66,9 @@ class ModelHost:
         return Engine(model, Tokenizer.from_dir(model_dir),
                       cache_policy=lambda m: make_policy(factory, m, cache_budget))
 
-    def encode(self, text: str, media: list[dict[str, str]]) -> EncodedPrompt:
+    def encode(self, text: str, media: list[dict[str, str]], decode_images: bool = True) -> EncodedPrompt:
         """`text` and its images as the engine takes them; ValueError when the images do not fit the prompt."""
-        return encode(self.engine.model, self.engine.tokenizer, text, media)
+        return encode(self.engine.model, self.engine.tokenizer, text, media, decode_images)
 
     def memory(self) -> dict[str, int]:
         return {
@@ -213,9 +213,10 @@ def _rejection(message: str, kind: str) -> Response[Any]:
 async def tokenize(request: Request) -> Any:
     """The prompt's tokens, each image placeholder expanded to the image's run of tokens."""
     data = await request.json()
-    # The tokenizers library needs no MLX, so this need not queue behind a generation on the MLX thread.
+    # The tokenizers library needs no MLX, so this need not queue behind a generation on the MLX thread. The
+    # daemon has checked the images already and the completion decodes them; counting tokens does not need them.
     try:
-        prompt = await asyncio.to_thread(_host(request).encode, data["text"], data.get("media", []))
+        prompt = await asyncio.to_thread(_host(request).encode, data["text"], data.get("media", []), False)
     except ValueError as exc:
         return _rejection(str(exc), "media")
     return {"tokens": prompt.tokens}
