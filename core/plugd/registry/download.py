@@ -5,11 +5,11 @@ A blob starts as one part (or as planned by `Tuning.part_size`). A part whose co
 its second half to an idle connection, again and again while connections are idle: a fast link keeps one
 in-order stream per blob (hashing keeps up with it and has little left at the end), a slow one gets parallel
 ranges. The thread that runs `BlobDownload.run` hashes the blob in order while parts are still arriving, on a
-core of its own: the fetch at the front hands it each chunk in the buffer it was read into, once written (a few
-buffers per fetch, and a writer thread beside each fetch, so reading the socket, writing and hashing overlap),
-and whatever landed out of order is read back from the file once everything before it is in. A part that fails
-is retried from where it stopped; after an interruption the next pull continues every part from its recorded
-progress (the `.parts` file of `plugd.store.partial`).
+core of its own: the fetch at the front hands it each chunk in the buffer it was read into, as the chunk goes to
+the fetch's writer thread (a few buffers per fetch, so reading the socket, writing and hashing overlap, and the
+hash never waits for the disk), and whatever landed out of order is read back from the file once everything
+before it is in. A part that fails is retried from where it stopped; after an interruption the next pull
+continues every part from its recorded progress (the `.parts` file of `plugd.store.partial`).
 """
 
 from __future__ import annotations
@@ -113,8 +113,7 @@ def frontier(parts: list[Part]) -> int:
 
 @define(frozen=True)
 class _Landed:
-    """A chunk just written to the partial file, handed to the hasher in the fetch's buffer; `release` gives the
-    buffer back to the fetch."""
+    """A chunk just read, handed to the hasher in the fetch's buffer; `release` says the hasher is done with it."""
 
     offset: int
     data: memoryview
@@ -183,10 +182,13 @@ class BlobDownload:
                 if part.remaining:
                     self._start(partial, part)
         try:
-            return self._hash_as_it_lands(partial, parts, may_split)
+            digest = self._hash_as_it_lands(partial, parts, may_split)
         finally:
             self.stopping = True
             wait(self.fetches)  # no part may still write once this returns
+        if self.failure is not None:  # a write that failed after its bytes were hashed
+            raise self.failure
+        return digest
 
     def _start(self, partial: PartialBlob, part: Part) -> None:
         self.fetches.append(self.connections.submit(lambda: self._fetch(partial, part)))
@@ -296,7 +298,7 @@ class BlobDownload:
                 buffers.put(memoryview(mmap.mmap(-1, BUFFER_SIZE)))  # page-aligned, as direct I/O needs
             with self.changed:
                 self.began[part.offset] = (time.monotonic(), part.done)
-            with _ChunkWriter(bind(self._land, partial, part, buffers), buffers.put) as writer:
+            with _ChunkWriter(bind(self._land, partial, part)) as writer:
                 position, end = start, part.end
                 while position < end:
                     buffer = self._free_buffer(buffers, writer)
@@ -305,36 +307,33 @@ class BlobDownload:
                         raise _Stopped()
                     writer.check()
                     with self.changed:
-                        end = part.end  # a split may have moved it while this read was under way
-                    count = min(count, end - position)
-                    if count <= 0:
-                        buffers.put(buffer)
-                        return  # the server hung up early (`_fetch` asks again from here), or a split took the rest
-                    writer.put(position, buffer, count)
+                        count = min(count, part.end - position)  # a split may have moved the end meanwhile
+                        if count <= 0:
+                            buffers.put(buffer)
+                            return  # the server hung up early (`_fetch` asks again from here), or a split took the rest
+                        release = self._hand_over(position, buffer, count, buffers)
+                    writer.put(position, buffer[:count], release)
                     position += count
             writer.check()
 
-    def _land(self, partial: PartialBlob, part: Part, buffers: queue.SimpleQueue[memoryview], position: int,
-              buffer: memoryview, count: int) -> None:
-        """Write a chunk into the partial file and record it; the hasher gets it in memory if it is next in line.
-        The buffer is always given back or handed on, also when the write fails."""
+    def _hand_over(self, position: int, buffer: memoryview, count: int,
+                   buffers: queue.SimpleQueue[memoryview]) -> Callable[[], None]:
+        """Give a chunk just read to the hasher too if it is next in line, so hashing need not wait for the disk;
+        what the writer calls when done with it: the buffer goes back once the writer and the hasher are both
+        done (called holding `changed`)."""
+        if position != self.handed:
+            return bind(buffers.put, buffer)
+        release = _Twice(bind(buffers.put, buffer))
+        self.landed.append(_Landed(position, buffer[:count], release))
+        self.handed = position + count
+        self.changed.notify_all()
+        return release
+
+    def _land(self, partial: PartialBlob, part: Part, position: int, chunk: memoryview) -> None:
+        """Write a chunk into the partial file and record it as downloaded."""
+        partial.write(chunk, position)
         with self.changed:
-            count = min(count, part.end - position)  # a split may have moved the end since the chunk was read
-        if count <= 0:
-            buffers.put(buffer)
-            return
-        try:
-            partial.write(buffer[:count], position)
-        except BaseException:
-            buffers.put(buffer)
-            raise
-        with self.changed:
-            if position == self.handed:  # the hasher's next bytes: hand them over in memory
-                self.landed.append(_Landed(position, buffer[:count], bind(buffers.put, buffer)))
-                self.handed = position + count
-            else:
-                buffers.put(buffer)
-            part.done = min(position + count - part.offset, part.size)
+            part.done = min(position + len(chunk) - part.offset, part.size)
             self.changed.notify_all()
 
     def _free_buffer(self, buffers: queue.SimpleQueue[memoryview], writer: _ChunkWriter) -> memoryview:
@@ -348,17 +347,32 @@ class BlobDownload:
                 writer.check()
 
 
-class _ChunkWriter:
-    """Lands one fetch's chunks (`land(position, buffer, count)`) in order on a thread of its own, so the socket
-    is read while the disk takes the previous chunk: a direct write blocks until the device has the bytes, and
-    reading and writing in turn left each half idle while the other ran. `land` gives each buffer back or hands it
-    on; after a failure the remaining chunks' buffers are only given back (`release`), and `check` raises the
-    failure. Leaving the block waits for every write."""
+class _Twice:
+    """Calls `then` on its second call: a buffer shared by the writer and the hasher goes back once both are done."""
 
-    def __init__(self, land: Callable[[int, memoryview, int], None], release: Callable[[memoryview], None]):
+    def __init__(self, then: Callable[[], None]):
+        self.then = then
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self.lock:
+            self.calls += 1
+            last = self.calls == 2
+        if last:
+            self.then()
+
+
+class _ChunkWriter:
+    """Lands one fetch's chunks (`land(position, chunk)`) in order on a thread of its own, so the socket is read
+    while the disk takes the previous chunk: a direct write blocks until the device has the bytes, and reading
+    and writing in turn left each half idle while the other ran. Each chunk's `release` is called once it is
+    written, also when the write fails; after a failure the remaining chunks are only released, and `check`
+    raises the failure. Leaving the block waits for every write."""
+
+    def __init__(self, land: Callable[[int, memoryview], None]):
         self.land = land
-        self.release = release
-        self.chunks: queue.SimpleQueue[tuple[int, memoryview, int] | None] = queue.SimpleQueue()
+        self.chunks: queue.SimpleQueue[tuple[int, memoryview, Callable[[], None]] | None] = queue.SimpleQueue()
         self.failure: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="plugd-pull-write", daemon=True)
 
@@ -370,19 +384,20 @@ class _ChunkWriter:
         self.chunks.put(None)
         self.thread.join()
 
-    def put(self, position: int, buffer: memoryview, count: int) -> None:
-        self.chunks.put((position, buffer, count))
+    def put(self, position: int, chunk: memoryview, release: Callable[[], None]) -> None:
+        self.chunks.put((position, chunk, release))
 
     def check(self) -> None:
         if self.failure is not None:
             raise self.failure
 
     def _run(self) -> None:
-        while (chunk := self.chunks.get()) is not None:
-            if self.failure is not None:
-                self.release(chunk[1])
-                continue
+        while (item := self.chunks.get()) is not None:
+            position, chunk, release = item
             try:
-                self.land(*chunk)
+                if self.failure is None:
+                    self.land(position, chunk)
             except BaseException as exc:
                 self.failure = exc
+            finally:
+                release()
