@@ -3,6 +3,7 @@
 import os
 import pty
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -81,3 +82,72 @@ def test_interactive_session_with_multiline_input_and_bye(server):
     finally:
         process.kill()
         os.close(primary)
+
+
+class Session:
+    """`plugd run tiny` on a pty, as a person types to it."""
+
+    def __init__(self, server):
+        self.primary, secondary = pty.openpty()
+        self.process = subprocess.Popen([sys.executable, "-m", "plugd", "run", "tiny"], env=server.env,
+                                        stdin=secondary, stdout=secondary, stderr=secondary)
+        os.close(secondary)
+        self.terminal = Terminal(self.primary)
+        self.terminal.wait_for(b">>> ")
+
+    def type(self, line: str) -> bytes:
+        """Type a line; what the session printed up to its next prompt."""
+        os.write(self.primary, line.encode() + b"\n")
+        return self.terminal.wait_for(b">>> ")
+
+    def close(self) -> None:
+        self.process.kill()
+        os.close(self.primary)
+
+
+def reply_to(server, messages, **options):
+    response = ollama.Client(host=server.url).chat(model="tiny", messages=messages, options=options or None)
+    return response.message.content.replace("\n", "\r\n").encode()
+
+
+def test_set_show_and_unknown_commands(server):
+    session = Session(server)
+    try:
+        assert b"Set parameter 'num_predict' to '3'" in session.type("/set parameter num_predict 3")
+        assert b"Set system message." in session.type("/set system Be brief.")
+        first = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+        answer = reply_to(server, first, num_predict=3)
+        assert answer in session.type("Hello")
+        assert b"temperature" in session.type("/show parameters")
+        assert b"architecture" in session.type("/show info")
+        assert b"Usage: /show info" in session.type("/show nonsense")
+        assert b"Unknown command '/frobnicate'" in session.type("/frobnicate")
+        session.type("/set parameter temperature hot")
+        assert b"Error: invalid options" in session.type("Oops")
+        session.type("/set parameter temperature 0")
+        # The refused message left no trace: the next one continues the first exchange.
+        follow_up = first + [{"role": "assistant", "content": answer.decode().replace("\r\n", "\n")},
+                             {"role": "user", "content": "Again"}]
+        assert reply_to(server, follow_up, num_predict=3, temperature=0) in session.type("Again")
+    finally:
+        session.close()
+
+
+def test_ctrl_c_stops_a_reply_and_ctrl_d_leaves(server):
+    session = Session(server)
+    try:
+        session.process.send_signal(signal.SIGINT)
+        assert b"Use Ctrl + d or /bye to exit." in session.terminal.wait_for(b">>> ")
+        session.type("/set parameter num_predict 100000")
+        os.write(session.primary, b"Hello\n")
+        session.terminal.wait_for(b"Hello\r\n")
+        assert select.select([session.primary], [], [], 30)[0]  # the reply has begun
+        session.process.send_signal(signal.SIGINT)
+        session.terminal.wait_for(b">>> ", timeout=30)
+        # The stopped exchange left no trace either.
+        session.type("/set parameter num_predict 2")
+        assert reply_to(server, [{"role": "user", "content": "Hi"}], num_predict=2) in session.type("Hi")
+        os.write(session.primary, b"\x04")
+        assert session.process.wait(timeout=30) == 0
+    finally:
+        session.close()

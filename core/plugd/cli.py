@@ -58,12 +58,19 @@ def cmd_list(args: argparse.Namespace) -> None:
     print(table(rows))
 
 
+SHOW_FIELDS = ("modelfile", "parameters", "template", "system", "license")
+
+
 def cmd_show(args: argparse.Namespace) -> None:
-    info = DaemonClient().json("POST", "/api/show", {"model": args.model, "verbose": args.verbose})
-    for field in ("modelfile", "parameters", "template", "system", "license"):
-        if getattr(args, field):
-            print(info.get(field, ""))
-            return
+    show_model(args.model, next((f for f in SHOW_FIELDS if getattr(args, f)), None), args.verbose)
+
+
+def show_model(model: str, field: str | None = None, verbose: bool = False) -> None:
+    """What `plugd show` prints: one of SHOW_FIELDS, or the summary (with the tensors when `verbose`)."""
+    info = DaemonClient().json("POST", "/api/show", {"model": model, "verbose": verbose})
+    if field is not None:
+        print(info.get(field, ""))
+        return
     details, model_info = info["details"], info["model_info"]
     family = model_info.get("general.architecture", "")
     sections: list[tuple[str, list[list[str]]]] = [
@@ -78,7 +85,7 @@ def cmd_show(args: argparse.Namespace) -> None:
         ("System", [[line] for line in info.get("system", "").splitlines()]),
         ("License", [[line] for line in info.get("license", "").splitlines()[:2]]),
     ]
-    if args.verbose:
+    if verbose:
         sections.append(("Tensors", [[t["name"], t["type"], str(t["shape"])] for t in info.get("tensors", [])]))
     for title, rows in sections:
         if rows:
@@ -176,7 +183,7 @@ def cmd_stop(args: argparse.Namespace) -> None:
 def cmd_run(args: argparse.Namespace) -> None:
     from plugd.cli_run import run
 
-    run(args.model, " ".join(args.prompt) if args.prompt else None, args.verbose)
+    run(args.model, " ".join(args.prompt) if args.prompt else None, args.verbose, show=show_model)
 
 
 def cmd_transfer(args: argparse.Namespace) -> None:
@@ -268,3 +275,6 @@ def main(argv: list[str] | None = None) -> None:
     except (DaemonError, ModelfileError, ValueError) as exc:
         print(f"Error: {exc}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        sys.exit(130)

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import json
 import sys
+from collections.abc import Callable
 from typing import Any, TextIO
 
-from plugd.client import DaemonClient
+from plugd.client import DaemonClient, DaemonError
 
 HELP = """Available commands:
-  /bye            Exit
-  /clear          Forget the conversation so far
-  /?, /help       This help
-Use \"\"\" to begin and end a multi-line message."""
+  /set parameter NAME VALUE   Set a model option for this session (temperature, num_ctx, num_predict...)
+  /set system TEXT            Set the system message
+  /set think, /set nothink    Ask for thinking, or not
+  /set verbose, /set quiet    Show timings after each reply, or not
+  /show info                  The model's details
+  /show FIELD                 One of: modelfile, parameters, template, system, license
+  /clear                      Forget the conversation so far
+  /bye                        Exit
+  /?, /help                   This help
+Use \"\"\" to begin and end a multi-line message. Ctrl+C stops a reply; Ctrl+D or /bye leaves."""
+SHOW_FIELDS = ("modelfile", "parameters", "template", "system", "license")
+
+Show = Callable[[str, "str | None"], None]  # (model, field or None for the summary)
 
 
 def _stats(final: dict[str, Any]) -> str:
@@ -30,11 +41,11 @@ def _stats(final: dict[str, Any]) -> str:
     ])
 
 
-def chat_once(client: DaemonClient, model: str, messages: list[dict[str, Any]], verbose: bool, out: TextIO) -> str:
-    """Stream one assistant reply to `out`; returns its text."""
+def chat_once(client: DaemonClient, body: dict[str, Any], verbose: bool, out: TextIO) -> str:
+    """Stream one assistant reply to `out` for the /api/chat `body`; returns its text."""
     reply = []
     thinking = False
-    for chunk in client.stream("/api/chat", {"model": model, "messages": messages, "stream": True}):
+    for chunk in client.stream("/api/chat", body | {"stream": True}):
         message = chunk.get("message", {})
         if message.get("thinking"):
             if not thinking:
@@ -78,28 +89,116 @@ def _read_message() -> str | None:
     return "\n".join(body).strip("\n")
 
 
-def run(model: str, prompt: str | None, verbose: bool) -> None:
+def _option_value(text: str) -> Any:
+    """A /set parameter value as JSON reads it (numbers, booleans, lists), else the text itself."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+class Session:
+    """An interactive chat: the conversation and what /set changed, sent with every message."""
+
+    def __init__(self, client: DaemonClient, model: str, verbose: bool, show: Show):
+        self.client = client
+        self.model = model
+        self.verbose = verbose
+        self.show = show
+        self.history: list[dict[str, Any]] = []
+        self.system: str | None = None
+        self.options: dict[str, Any] = {}
+        self.think: bool | None = None
+
+    def command(self, text: str) -> bool:
+        """Carry out a /command; False for /bye."""
+        words = text.split(maxsplit=1)
+        name, rest = words[0], words[1] if len(words) > 1 else ""
+        if name == "/bye":
+            return False
+        if name in ("/?", "/help"):
+            print(HELP)
+        elif name == "/clear":
+            self.history.clear()
+            print("Cleared session context")
+        elif name == "/set":
+            self._set(rest)
+        elif name == "/show":
+            self._show(rest.strip())
+        else:
+            print(f"Unknown command '{name}'. Type /? for help")
+        return True
+
+    def _set(self, text: str) -> None:
+        what, _, value = text.partition(" ")
+        if what == "parameter" and len(parts := value.split(maxsplit=1)) == 2:
+            self.options[parts[0]] = _option_value(parts[1])
+            print(f"Set parameter '{parts[0]}' to '{parts[1]}'")
+        elif what == "system" and value.strip():
+            self.system = value.strip()
+            print("Set system message.")
+        elif what in ("think", "nothink") and not value:
+            self.think = what == "think"
+            print(f"Set '{what}' mode.")
+        elif what in ("verbose", "quiet") and not value:
+            self.verbose = what == "verbose"
+            print(f"Set '{what}' mode.")
+        else:
+            print("Usage: /set parameter NAME VALUE | /set system TEXT | /set think | /set nothink | "
+                  "/set verbose | /set quiet")
+
+    def _show(self, field: str) -> None:
+        if field != "info" and field not in SHOW_FIELDS:
+            print(f"Usage: /show info | /show {' | /show '.join(SHOW_FIELDS)}")
+            return
+        try:
+            self.show(self.model, None if field == "info" else field)
+        except DaemonError as exc:
+            print(f"Error: {exc}", file=sys.stderr)
+
+    def say(self, text: str) -> None:
+        """Send a message and stream the reply. A reply stopped with Ctrl+C, or refused, leaves the
+        conversation as it was before the message."""
+        messages = [{"role": "system", "content": self.system}] if self.system else []
+        messages += self.history + [{"role": "user", "content": text}]
+        body: dict[str, Any] = {"model": self.model, "messages": messages}
+        if self.options:
+            body["options"] = self.options
+        if self.think is not None:
+            body["think"] = self.think
+        try:
+            reply = chat_once(self.client, body, self.verbose, sys.stdout)
+        except KeyboardInterrupt:
+            print()
+            return
+        except DaemonError as exc:
+            print(f"Error: {exc}", file=sys.stderr)
+            return
+        self.history += [{"role": "user", "content": text}, {"role": "assistant", "content": reply}]
+        print()
+
+
+def run(model: str, prompt: str | None, verbose: bool, show: Show) -> None:
     client = DaemonClient()
     client.json("POST", "/api/generate", {"model": model})  # load now, so errors come before the prompt
     if prompt is None and not sys.stdin.isatty():
         prompt = sys.stdin.read()
     if prompt is not None:
-        chat_once(client, model, [{"role": "user", "content": prompt}], verbose, sys.stdout)
+        chat_once(client, {"model": model, "messages": [{"role": "user", "content": prompt}]}, verbose, sys.stdout)
         return
-    history: list[dict[str, Any]] = []
-    while (text := _read_message()) is not None:
-        command = text.strip()
-        if command == "/bye":
+    session = Session(client, model, verbose, show)
+    while True:
+        try:
+            text = _read_message()
+        except KeyboardInterrupt:
+            print("\nUse Ctrl + d or /bye to exit.")
+            continue
+        if text is None:
+            print()
             return
-        if command in ("/?", "/help"):
-            print(HELP)
-            continue
-        if command == "/clear":
-            history.clear()
-            print("Cleared session context")
-            continue
-        if not command:
-            continue
-        history.append({"role": "user", "content": text})
-        history.append({"role": "assistant", "content": chat_once(client, model, history, verbose, sys.stdout)})
-        print()
+        command = text.strip()
+        if command.startswith("/"):
+            if not session.command(command):
+                return
+        elif command:
+            session.say(text)
