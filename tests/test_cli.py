@@ -1,6 +1,7 @@
 """The `plugd` command against a real daemon, and without one."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -98,3 +99,23 @@ def test_modelfile_errors_name_file_and_line(plugd_server, tmp_path):
     result = plugd_server.cli("create", "x", "-f", str(modelfile))
     assert result.returncode == 1
     assert result.stderr.strip() == "Error: model 'base:latest' not found"
+
+
+def test_a_missing_model_directory_is_named(plugd_server, tmp_path):
+    result = plugd_server.cli("create", "x", "--from", str(tmp_path / "absent"))
+    assert (result.returncode, result.stderr.strip()) == (
+        1, f"Error: {tmp_path / 'absent'} is not a directory; --from takes a Hugging Face model directory")
+    modelfile = tmp_path / "Modelfile"
+    modelfile.write_text("FROM ./absent\n")
+    result = plugd_server.cli("create", "x", "-f", str(modelfile))
+    assert (result.returncode, result.stderr.strip()) == (1, f"Error: {modelfile}: FROM ./absent: no such directory")
+
+
+def test_modelfile_from_a_home_directory_path(plugd_server, tiny_qwen3, tmp_path):
+    (tmp_path / "home").mkdir()
+    shutil.copytree(tiny_qwen3, tmp_path / "home" / "tiny")
+    modelfile = tmp_path / "Modelfile"
+    modelfile.write_text("FROM ~/tiny\n")
+    result = subprocess.run([sys.executable, "-m", "plugd", "create", "x", "-f", str(modelfile)], capture_output=True,
+                            text=True, env=plugd_server.env | {"HOME": str(tmp_path / "home")}, timeout=120)
+    assert result.returncode == 0, result.stderr

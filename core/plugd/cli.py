@@ -107,6 +107,8 @@ def cmd_rm(args: argparse.Namespace) -> None:
 
 
 def upload_model_dir(client: DaemonClient, directory: Path) -> dict[str, str]:
+    if not directory.is_dir():
+        raise DaemonError(f"{directory} is not a directory; --from takes a Hugging Face model directory")
     files = {}
     for path in sorted(directory.iterdir()):
         if path.is_file() and not path.name.startswith(".") and path.suffix in MODEL_FILE_SUFFIXES:
@@ -132,9 +134,11 @@ def create_request(args: argparse.Namespace, client: DaemonClient) -> dict[str, 
     except OSError as exc:
         raise DaemonError(f"cannot read {path}: {exc.strerror}; give --from DIR or -f Modelfile") from None
     mf = parse_modelfile(text, str(path))
-    source = (path.parent / mf.from_).expanduser()
+    source = path.parent / Path(mf.from_).expanduser()
     if source.is_dir():
         request["files"] = upload_model_dir(client, source)
+    elif mf.from_.startswith(("/", "./", "../", "~")):
+        raise DaemonError(f"{path}: FROM {mf.from_}: no such directory")
     else:
         request["from"] = mf.from_
     fields = {"system": mf.system, "template": mf.template, "renderer": mf.renderer, "parser": mf.parser}
