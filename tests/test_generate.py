@@ -213,6 +213,7 @@ def test_generation_errors_are_ollama_shaped(client, plugd_server):
         ({"model": "tiny", "prompt": "x", "options": {"temperature": "hot"}}, 400, "invalid options"),
         ({"model": "missing", "prompt": "x"}, 404, "not found"),
         ({"model": "tiny", "prompt": "x", "suffix": "y"}, 400, "does not support insert"),
+        ({"model": "tiny", "prompt": "x", "images": "aGk="}, 400, "expected list[str] | None @ $.images"),  # not 4 images
     ]:
         response = httpx.post(plugd_server.url + "/api/generate", json=body)
         assert response.status_code == status, body

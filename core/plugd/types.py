@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import attrs
 import cattrs
+import cattrs.cols
 from attrs import define, field
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
@@ -108,6 +109,21 @@ def _strict(kind: type) -> typing.Callable[[Any, type], Any]:
 
 for _kind in (str, int, float, bool):
     converter.register_structure_hook(_kind, _strict(_kind))
+
+
+def _json_arrays_only(kind: type, conv: cattrs.Converter) -> typing.Callable[[Any, type], list]:
+    """Lists from JSON arrays only: cattrs takes any iterable, and would read a string as a list of characters."""
+    items = cattrs.cols.list_structure_factory(kind, conv)
+
+    def hook(value: Any, _: type) -> list:
+        if not isinstance(value, list):
+            raise TypeError(f"expected a list, got {type(value).__name__} {value!r}")
+        return items(value, kind)
+
+    return hook
+
+
+converter.register_structure_hook_factory(lambda kind: typing.get_origin(kind) is list, _json_arrays_only)
 
 
 def _str_or_strings(value: Any, _: type) -> str | list[str] | None:
