@@ -26,6 +26,12 @@ DEFAULTS: dict[str, Any] = {
     "seed": None,
     "stop": [],
 }
+# The values each option can take (low, high; None: unbounded), where some cannot; Ollama's special values
+# (num_predict and num_keep -1, repeat_last_n -1 for the whole context) lie inside.
+RANGES: dict[str, tuple[float | None, float | None]] = {
+    "num_ctx": (1, None), "num_batch": (1, None), "repeat_last_n": (-1, None),
+    "temperature": (0, None), "top_k": (0, None), "top_p": (0, 1), "min_p": (0, 1),
+}
 # generation_config.json keys that mean the same as an Ollama option.
 _GENERATION_CONFIG = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
                       "repetition_penalty": "repeat_penalty"}
@@ -43,6 +49,11 @@ def resolve_options(generation_config: dict[str, Any], parameters: dict[str, Any
     known = {a.name for a in attrs.fields(Options)}
     merged |= {k: v for k, v in (request or {}).items() if k in known and v is not None}
     options = structure(merged, Options)
+    for name, (low, high) in RANGES.items():
+        value = getattr(options, name)
+        if value is not None and (low is not None and value < low or high is not None and value > high):
+            bounds = f"at least {low}" if high is None else f"between {low} and {high}"
+            raise ValueError(f"{name} must be {bounds}, not {value}")
     if context_length and options.num_ctx > context_length:
         options.num_ctx = context_length
     return options
