@@ -1,6 +1,7 @@
 """End to end: `plugd push` and `plugd pull` between two real daemons and a real registry (Debian's docker-registry
 on loopback), then the pulled model answers; errors reach the CLI and the ollama client; mounts; bearer tokens."""
 
+import hashlib
 import json
 
 import httpx
@@ -110,6 +111,37 @@ def test_errors_a_user_can_act_on(pushed, registry, target):
     assert response.status_code == 404 and "unknown model" in response.json()["error"]
     assert httpx.post(f"{target.url}/api/pull", json={}).status_code == 400
     assert client.list().models == []
+
+
+def put_ollama_gguf_model(registry, repository):
+    """A model as Ollama's registry holds one (GGUF weights and a template), put straight through the registry API."""
+    base = f"{registry.url}/v2/{repository}"
+
+    def blob(data: bytes, media_type: str) -> dict:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        location = httpx.post(f"{base}/blobs/uploads/").headers["location"]
+        httpx.put(httpx.URL(registry.url).join(location).copy_merge_params({"digest": digest}),
+                  content=data).raise_for_status()
+        return {"mediaType": media_type, "digest": digest, "size": len(data)}
+
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+                "config": blob(b'{"model_format": "gguf"}', "application/vnd.docker.container.image.v1+json"),
+                "layers": [blob(b"GGUF" + bytes(4096), "application/vnd.ollama.image.model"),
+                           blob(b"{{ .Prompt }}", "application/vnd.ollama.image.template")]}
+    httpx.put(f"{base}/manifests/latest", content=json.dumps(manifest),
+              headers={"content-type": manifest["mediaType"]}).raise_for_status()
+
+
+def test_a_gguf_model_is_refused_before_its_download(registry, target):
+    put_ollama_gguf_model(registry, "library/gguf")
+    name = f"{registry.address}/library/gguf:latest"
+    response = httpx.post(f"{target.url}/api/pull", json={"model": name, "stream": False})
+    assert response.status_code == 400
+    assert response.json()["error"].startswith(f"{name} is a GGUF model, the llama.cpp format Ollama runs; plugd runs "
+                                               "safetensors models on MLX.")
+    assert target.cli("pull", name).stderr.splitlines()[-1].startswith(f"Error: {name} is a GGUF model")
+    assert ollama.Client(host=target.url).list().models == []
+    assert not [p for p in (target.models / "blobs").rglob("*") if p.is_file()]
 
 
 def test_the_ollama_client_pulls_and_pushes(pushed, target, registry):

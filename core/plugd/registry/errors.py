@@ -13,6 +13,12 @@ class UnknownModel(RegistryError):
     status = 404
 
 
+class UnsupportedFormat(RegistryError):
+    """The registry holds the model in a format plugd does not run (Ollama's GGUF models)."""
+
+    status = 400
+
+
 class RegistryUnreachable(RegistryError):
     status = 502
 

@@ -10,11 +10,11 @@ import threading
 
 from plugd.registry.client import RegistryClient, unreachable_as_error
 from plugd.registry.download import BlobDownload, Connections, Tuning
-from plugd.registry.errors import DiskFull, RegistryError
+from plugd.registry.errors import DiskFull, RegistryError, UnsupportedFormat
 from plugd.registry.parallel import run_all
 from plugd.registry.progress import Emit, Progress
 from plugd.store.blobs import InvalidDigest, parse_digest
-from plugd.store.manifests import Layer, Manifest
+from plugd.store.manifests import GGUF_WEIGHTS, Layer, Manifest
 from plugd.store.names import ModelName
 from plugd.store.partial import bytes_on_disk
 from plugd.store.store import Store
@@ -48,7 +48,12 @@ def pull_model(store: Store, name: ModelName, *, insecure: bool = False, emit: E
 
 
 def _layers(manifest: Manifest, name: ModelName) -> list[Layer]:
-    """The config and layers, each digest once; a digest that is not sha256 or a negative size is refused."""
+    """The config and layers, each digest once; a digest that is not sha256 or a negative size is refused, and so
+    is a model in Ollama's GGUF format, before any of it is downloaded."""
+    if any(layer.media_type == GGUF_WEIGHTS for layer in manifest.layers):
+        raise UnsupportedFormat(
+            f"{name} is a GGUF model, the llama.cpp format Ollama runs; plugd runs safetensors models on MLX. "
+            "Pull one pushed by plugd, or create one from a Hugging Face model directory (plugd create NAME --from DIR)")
     layers: dict[str, Layer] = {}
     for layer in (manifest.config, *manifest.layers):
         try:

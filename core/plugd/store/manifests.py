@@ -17,6 +17,8 @@ SYSTEM = "application/vnd.ollama.image.system"
 PARAMS = "application/vnd.ollama.image.params"
 MESSAGES = "application/vnd.ollama.image.messages"
 LICENSE = "application/vnd.ollama.image.license"
+# Ollama's weights: a GGUF file, for llama.cpp; plugd runs safetensors (MODEL_FILE layers).
+GGUF_WEIGHTS = "application/vnd.ollama.image.model"
 
 
 class MalformedManifest(ValueError):
