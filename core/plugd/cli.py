@@ -187,7 +187,7 @@ def cmd_stop(args: argparse.Namespace) -> None:
 def cmd_run(args: argparse.Namespace) -> None:
     from plugd.cli_run import run
 
-    run(args.model, " ".join(args.prompt) if args.prompt else None, args.verbose, show=show_model)
+    run(args.model, " ".join(args.prompt) if args.prompt else None, args.verbose)
 
 
 def cmd_transfer(args: argparse.Namespace) -> None:

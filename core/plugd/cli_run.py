@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from typing import Any, TextIO
 
+from plugd.cli import SHOW_FIELDS, show_model
 from plugd.client import DaemonClient, DaemonError
 
 HELP = """Available commands:
@@ -20,9 +20,6 @@ HELP = """Available commands:
   /bye                        Exit
   /?, /help                   This help
 Use \"\"\" to begin and end a multi-line message. Ctrl+C stops a reply; Ctrl+D or /bye leaves."""
-SHOW_FIELDS = ("modelfile", "parameters", "template", "system", "license")
-
-Show = Callable[[str, "str | None"], None]  # (model, field or None for the summary)
 
 
 def _stats(final: dict[str, Any]) -> str:
@@ -100,11 +97,10 @@ def _option_value(text: str) -> Any:
 class Session:
     """An interactive chat: the conversation and what /set changed, sent with every message."""
 
-    def __init__(self, client: DaemonClient, model: str, verbose: bool, show: Show):
+    def __init__(self, client: DaemonClient, model: str, verbose: bool):
         self.client = client
         self.model = model
         self.verbose = verbose
-        self.show = show
         self.history: list[dict[str, Any]] = []
         self.system: str | None = None
         self.options: dict[str, Any] = {}
@@ -152,7 +148,7 @@ class Session:
             print(f"Usage: /show info | /show {' | /show '.join(SHOW_FIELDS)}")
             return
         try:
-            self.show(self.model, None if field == "info" else field)
+            show_model(self.model, None if field == "info" else field)
         except DaemonError as exc:
             print(f"Error: {exc}", file=sys.stderr)
 
@@ -178,7 +174,7 @@ class Session:
         print()
 
 
-def run(model: str, prompt: str | None, verbose: bool, show: Show) -> None:
+def run(model: str, prompt: str | None, verbose: bool) -> None:
     client = DaemonClient()
     client.json("POST", "/api/generate", {"model": model})  # load now, so errors come before the prompt
     if prompt is None and not sys.stdin.isatty():
@@ -186,7 +182,7 @@ def run(model: str, prompt: str | None, verbose: bool, show: Show) -> None:
     if prompt is not None:
         chat_once(client, {"model": model, "messages": [{"role": "user", "content": prompt}]}, verbose, sys.stdout)
         return
-    session = Session(client, model, verbose, show)
+    session = Session(client, model, verbose)
     while True:
         try:
             text = _read_message()
