@@ -119,3 +119,17 @@ def test_modelfile_from_a_home_directory_path(plugd_server, tiny_qwen3, tmp_path
     result = subprocess.run([sys.executable, "-m", "plugd", "create", "x", "-f", str(modelfile)], capture_output=True,
                             text=True, env=plugd_server.env | {"HOME": str(tmp_path / "home")}, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_template_must_be_jinja(plugd_server, tiny_qwen3, tmp_path):
+    plugd_server.cli("create", "base", "--from", str(tiny_qwen3), check=True)
+    modelfile = tmp_path / "Modelfile"
+    modelfile.write_text('FROM base\nTEMPLATE """{{ if .System }}{{ .System }}{{ end }}{{ .Prompt }}"""\n')
+    result = plugd_server.cli("create", "x", "-f", str(modelfile))
+    assert (result.returncode, result.stderr.strip()) == (1, (
+        "Error: TEMPLATE is not a valid Jinja template: unexpected '.' (line 1). It looks like an Ollama Go template; "
+        "plugd's TEMPLATE is a Jinja chat template, as in a model's tokenizer_config.json."))
+    jinja = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    modelfile.write_text(f'FROM base\nTEMPLATE "{jinja}"\n')
+    assert plugd_server.cli("create", "x", "-f", str(modelfile)).returncode == 0
+    assert plugd_server.cli("show", "x", "--template").stdout.strip() == jinja

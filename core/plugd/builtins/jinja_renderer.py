@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from jinja2 import TemplateError
+from jinja2 import TemplateError, TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from plugd.hookspecs import Renderer, RenderRequest, hookimpl
@@ -33,6 +34,20 @@ def _compile(source: str):
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env.from_string(source)
+
+
+# Ollama's Modelfile templates are Go templates, whose fields start with a dot: {{ .Prompt }}, {{- .System }}.
+_GO_TEMPLATE_FIELD = re.compile(r"\{\{-?\s*\.[A-Z]")
+
+
+def check_template(source: str) -> None:
+    """ValueError naming the problem when `source` does not compile as a Jinja chat template."""
+    try:
+        _compile(source)
+    except TemplateSyntaxError as exc:
+        hint = (" It looks like an Ollama Go template; plugd's TEMPLATE is a Jinja chat template, as in a model's "
+                "tokenizer_config.json." if _GO_TEMPLATE_FIELD.search(source) else "")
+        raise ValueError(f"TEMPLATE is not a valid Jinja template: {exc.message} (line {exc.lineno}).{hint}") from None
 
 
 def message_dict(message: Message) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from attrs import define, field
 
-from plugd.builtins.jinja_renderer import FALLBACK_RENDERER
+from plugd.builtins.jinja_renderer import FALLBACK_RENDERER, check_template
 from plugd.hookspecs import Architecture, ModelFiles
 from plugd.plugins import Registry
 from plugd.store import manifests as mt
@@ -181,6 +181,8 @@ def create_model(store: Store, registry: Registry, req: CreateRequest, status: C
     try:
         config = read_json(store, draft.files, "config.json", required=True)
         tokenizer_config = read_json(store, draft.files, "tokenizer_config.json")
+        if req.template is not None:
+            check_template(req.template)
         template = req.template if req.template is not None else chat_template(store, draft.files)
         tensors = _tensors(store, draft)
     except ValueError as exc:
