@@ -206,6 +206,14 @@ def test_malformed_checkpoint_fails_the_load_naming_the_tensor(plugd_server, tmp
     assert plugd_server.runner_pids() == []
 
 
+def test_the_log_has_a_line_per_request_and_not_the_daemons_calls_to_its_runner(client, plugd_server):
+    client.generate(model="tiny", prompt="Hi", options={"num_predict": 2})
+    httpx.post(plugd_server.url + "/api/generate", json={"model": "missing", "prompt": "x"})
+    log = plugd_server.log()
+    assert '"POST /api/generate HTTP/1.1" 200' in log and '"POST /api/generate HTTP/1.1" 404' in log
+    assert "http://runner" not in log
+
+
 def test_generation_errors_are_ollama_shaped(client, plugd_server):
     for body, status, text in [
         ({"model": "tiny", "prompt": "x", "format": "yaml"}, 400, 'format must be "json" or a JSON Schema'),

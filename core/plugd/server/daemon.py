@@ -34,6 +34,7 @@ def serve() -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the daemon's own calls to its runners and registries
     host, port = daemon_address()
     try:
         sock = _bind(host, port)
@@ -48,7 +49,7 @@ def serve() -> int:
         store.prune()
     registry = plugins.load()
     log.info("models in %s; plugins: %s", store.root, ", ".join(f"{p.name} ({p.status})" for p in registry.plugins))
-    server = uvicorn.Server(uvicorn.Config(create_app(store, registry), log_config=None, access_log=False))
+    server = uvicorn.Server(uvicorn.Config(create_app(store, registry), log_config=None))
     log.info("listening on %s:%d", host, port)
     server.run(sockets=[sock])
     return 0
