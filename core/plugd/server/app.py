@@ -16,6 +16,7 @@ from plugd.scheduler.runner_client import RunnerRejected
 from plugd.scheduler.scheduler import QueueFull, Scheduler
 from plugd.server import anthropic, ollama, ollama_generate, ollama_registry, openai, openai_responses
 from plugd.server.bodies import BadRequest
+from plugd.server.cors import cors_config
 from plugd.server.errors import error_body
 from plugd.store.blobs import DigestMismatch, InvalidDigest
 from plugd.store.create import CreateError
@@ -67,6 +68,7 @@ def create_app(store: Store, registry: Registry) -> Litestar:
         state=State({"services": services}),
         exception_handlers={Exception: _error_response},
         request_max_body_size=MAX_REQUEST_BYTES,
+        cors_config=cors_config(),
         on_shutdown=[services.scheduler.shutdown],
         logging_config=None,
     )
