@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 import os
 import socket
@@ -12,6 +13,7 @@ import uvicorn
 
 from plugd import plugins
 from plugd.server.app import create_app
+from plugd.server.hosts import loopback_host_guard
 from plugd.settings import daemon_address
 from plugd.store.store import Store
 
@@ -49,7 +51,10 @@ def serve() -> int:
         store.prune()
     registry = plugins.load()
     log.info("models in %s; plugins: %s", store.root, ", ".join(f"{p.name} ({p.status})" for p in registry.plugins))
-    server = uvicorn.Server(uvicorn.Config(create_app(store, registry), log_config=None))
+    app = create_app(store, registry)
+    if ipaddress.ip_address(sock.getsockname()[0]).is_loopback:
+        app = loopback_host_guard(app)
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None))
     log.info("listening on %s:%d", host, port)
     server.run(sockets=[sock])
     return 0

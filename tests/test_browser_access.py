@@ -1,5 +1,7 @@
-"""Browsers may call the API from the pages Ollama lets through (this machine's, apps' and editors' webviews) and
-from those PLUGD_ORIGINS adds; other pages get no CORS grant."""
+"""What a browser may do with a daemon on loopback, as Ollama allows it: call the API from the pages Ollama lets
+through (this machine's, apps' and editors' webviews) and those PLUGD_ORIGINS adds, other pages getting no CORS
+grant; and reach it only under a local host name, so that a page rebinding its own domain to 127.0.0.1 is
+refused."""
 
 import httpx
 import pytest
@@ -28,3 +30,15 @@ def test_other_origins_get_no_grant(server, origin):
     assert response.status_code == 200 and ALLOW not in response.headers
     preflight = httpx.options(f"{server.url}/api/chat", headers={"Origin": origin, "Access-Control-Request-Method": "POST"})
     assert ALLOW not in preflight.headers
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "[::1]", "10.1.2.3", "box.local", "app.localhost"])
+def test_local_host_names_are_answered(server, host):
+    assert httpx.get(f"{server.url}/api/tags", headers={"Host": f"{host}:11434"}).status_code == 200
+
+
+@pytest.mark.parametrize("host", ["evil.example.com", "8.8.8.8", "localhost.evil.com"])
+def test_other_host_names_are_refused(server, host):
+    response = httpx.request("DELETE", f"{server.url}/api/delete", headers={"Host": host}, json={"model": "x"})
+    assert response.status_code == 403
+    assert response.json()["error"].startswith(f"host '{host}' is not allowed: plugd listens on loopback")
