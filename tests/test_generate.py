@@ -7,6 +7,7 @@ import signal
 import time
 
 import httpx
+import mlx.core as mx
 import mlx_lm
 import ollama
 import pytest
@@ -127,9 +128,12 @@ def test_load_unload_ps_and_keep_alive(plugd_server, client):
 
     client.generate(model="tiny", prompt="", keep_alive=-1)
     assert client.ps().models[0].expires_at.year == 1
+    cpu_only = mx.default_device() == mx.cpu
+    assert client.ps().models[0].size_vram == (0 if cpu_only else client.ps().models[0].size)
     header, row = plugd_server.cli("ps").stdout.splitlines()
-    assert header.split() == ["NAME", "ID", "SIZE", "CONTEXT", "UNTIL"]
+    assert header.split() == ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"]
     assert row.startswith("tiny:latest") and row.endswith("Forever") and " 4096 " in row
+    assert (" 100% CPU " if cpu_only else " 100% GPU ") in row
     assert plugd_server.cli("stop", "tiny").returncode == 0
     assert plugd_server.runner_pids() == []
 

@@ -173,10 +173,11 @@ def cmd_plugins(args: argparse.Namespace) -> None:
 
 def cmd_ps(args: argparse.Namespace) -> None:
     models = DaemonClient().json("GET", "/api/ps")["models"]
-    rows = [["NAME", "ID", "SIZE", "CONTEXT", "UNTIL"]]
+    rows = [["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"]]
     for m in models:
         until = "Forever" if m["expires_at"].startswith("0001") else human_until(m["expires_at"])
-        rows.append([m["name"], m["digest"][:12], human_size(m["size"]), str(m["context_length"]), until])
+        processor = "100% GPU" if m["size_vram"] else "100% CPU"
+        rows.append([m["name"], m["digest"][:12], human_size(m["size"]), processor, str(m["context_length"]), until])
     print(table(rows))
 
 

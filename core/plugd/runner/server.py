@@ -169,7 +169,7 @@ async def status(request: Request) -> dict[str, Any]:
     host = _host(request)
     # Read off the MLX thread: a snapshot of two counters, good enough for a status line.
     return {"status": "ready", "load_seconds": host.load_seconds, "memory": host.memory(),
-            "cache": host.engine.cache.stats()}
+            "cache": host.engine.cache.stats(), "device": mx.default_device().type.name}
 
 
 @post("/completion", status_code=200)

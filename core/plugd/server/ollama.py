@@ -94,6 +94,7 @@ async def ps(request: Request) -> dict[str, Any]:
         name = entry.model.name.display()
         expires = "0001-01-01T00:00:00Z" if entry.expires_at == math.inf else datetime.fromtimestamp(
             entry.expires_at, UTC).isoformat()
+        status = await _status(entry.runner)
         models.append({
             "name": name,
             "model": name,
@@ -101,17 +102,17 @@ async def ps(request: Request) -> dict[str, Any]:
             "digest": entry.model.digest,
             "details": details(entry.model.config),
             "expires_at": expires,
-            "size_vram": 0,
+            "size_vram": entry.size if status.get("device") == "gpu" else 0,  # MLX runs a model on one device
             "context_length": entry.num_ctx,
-        } | await _prompt_cache(entry.runner))
+        } | ({"prompt_cache": status["cache"]} if "cache" in status else {}))
     return {"models": models}
 
 
-async def _prompt_cache(runner: RunnerProcess) -> dict[str, Any]:
-    """The runner's prompt cache figures (bytes, nodes); none while it cannot answer."""
+async def _status(runner: RunnerProcess) -> dict[str, Any]:
+    """The runner's status (its device, its prompt cache's figures); empty while it cannot answer."""
     try:
-        return {"prompt_cache": (await runner.status())["cache"]}
-    except (httpx.HTTPError, KeyError, ValueError):
+        return await runner.status()
+    except (httpx.HTTPError, ValueError):
         return {}
 
 
