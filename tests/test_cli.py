@@ -52,8 +52,9 @@ def test_create_list_show_copy_remove(plugd_server, tiny_qwen3):
     assert listing[1].startswith("tiny:latest")
 
     shown = cli("show", "tiny").stdout
-    assert "architecture      qwen3" in shown
-    assert "context length    4096" in shown
+    assert "architecture        qwen3" in shown
+    assert "context length      4096" in shown
+    assert "embedding length    64" in shown
     assert "thinking" in shown
 
     assert "model.embed_tokens.weight" in cli("show", "tiny", "--verbose").stdout

@@ -1,5 +1,7 @@
 """End to end: a real `plugd serve` driven by the official `ollama` Python client."""
 
+import json
+
 import httpx
 import ollama
 import pytest
@@ -33,6 +35,12 @@ def test_create_from_uploaded_blobs_then_list_and_show(client, tiny_qwen3):
     assert "temperature" in shown.parameters and "0.2" in shown.parameters
     assert shown.modelinfo["general.architecture"] == "qwen3"
     assert shown.modelinfo["qwen3.context_length"] == 4096
+    config = json.loads((tiny_qwen3 / "config.json").read_text())
+    assert {key: shown.modelinfo[f"qwen3.{key}"] for key in ("embedding_length", "block_count", "attention.head_count",
+                                                              "attention.head_count_kv", "rope.freq_base")} == {
+        "embedding_length": config["hidden_size"], "block_count": config["num_hidden_layers"],
+        "attention.head_count": config["num_attention_heads"], "attention.head_count_kv": config["num_key_value_heads"],
+        "rope.freq_base": config["rope_theta"]}
     assert set(shown.capabilities) == {"completion", "tools", "thinking"}
     assert "<|im_start|>" in shown.template
     assert "FROM tiny:latest" in shown.modelfile

@@ -78,6 +78,7 @@ def show_model(model: str, field: str | None = None, verbose: bool = False) -> N
             ["architecture", family],
             ["parameters", details.get("parameter_size", "")],
             ["context length", str(model_info.get(f"{family}.context_length", ""))],
+            ["embedding length", str(model_info.get(f"{family}.embedding_length", ""))],
             ["quantization", details.get("quantization_level", "")],
         ]),
         ("Capabilities", [[c] for c in info.get("capabilities", [])]),

@@ -7,7 +7,7 @@ from typing import Any
 
 from plugd.store import manifests as mt
 from plugd.store.metadata import tensor_metadata
-from plugd.store.model_files import chat_template
+from plugd.store.model_files import chat_template, read_json
 from plugd.store.store import Store, StoredModel
 
 
@@ -85,16 +85,41 @@ def _texts(store: Store, model: StoredModel) -> dict[str, Any]:
     return texts
 
 
+# model_info keys Ollama gives (after "<family>."), from the Hugging Face config.json key that holds each.
+SHAPE_KEYS = {
+    "embedding_length": "hidden_size",
+    "block_count": "num_hidden_layers",
+    "feed_forward_length": "intermediate_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.key_length": "head_dim",
+    "attention.value_length": "head_dim",
+    "attention.sliding_window": "sliding_window",
+    "expert_count": "num_experts",
+    "expert_used_count": "num_experts_per_tok",
+    "vocab_size": "vocab_size",
+}
+
+
+def model_info(store: Store, model: StoredModel, config: dict[str, Any]) -> dict[str, Any]:
+    """Ollama's model_info: the architecture, its parameter count and context length, and the shape numbers
+    the checkpoint's config.json gives (a multimodal model's from its text model)."""
+    family = config.get("model_family", "")
+    hf_config = read_json(store, model.manifest.files(), "config.json")
+    text = hf_config.get("text_config") or hf_config
+    info: dict[str, Any] = {"general.architecture": family, "general.parameter_count": config.get("parameter_count")}
+    if config.get("context_length"):
+        info[f"{family}.context_length"] = config["context_length"]
+    info |= {f"{family}.{ours}": text[theirs] for ours, theirs in SHAPE_KEYS.items() if text.get(theirs) is not None}
+    rope_theta = text.get("rope_theta") or (text.get("rope_parameters") or {}).get("rope_theta")
+    if rope_theta is not None:
+        info[f"{family}.rope.freq_base"] = rope_theta
+    return info
+
+
 def show_payload(store: Store, model: StoredModel, verbose: bool = False) -> dict[str, Any]:
     config = store.config(model)
     texts = _texts(store, model)
-    family = config.get("model_family", "")
-    model_info: dict[str, Any] = {
-        "general.architecture": family,
-        "general.parameter_count": config.get("parameter_count"),
-    }
-    if config.get("context_length"):
-        model_info[f"{family}.context_length"] = config["context_length"]
     payload: dict[str, Any] = {
         "license": texts.get("license", ""),
         "modelfile": modelfile(model, config, texts),
@@ -102,7 +127,7 @@ def show_payload(store: Store, model: StoredModel, verbose: bool = False) -> dic
         "template": texts.get("template") or chat_template(store, model.manifest.files()) or "",
         "system": texts.get("system", ""),
         "details": details(config),
-        "model_info": model_info,
+        "model_info": model_info(store, model, config),
         "capabilities": config.get("capabilities", []),
         "renderer": config.get("renderer") or "",
         "parser": config.get("parser") or "",
