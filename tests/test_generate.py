@@ -104,6 +104,16 @@ def test_greedy_tokens_match_mlx_lm(plugd_server, tmp_path, model_type, quantize
     assert ours.response == tokenizer.decode(theirs)
 
 
+def test_deleting_a_model_unloads_it_unless_another_name_refers_to_it(plugd_server, client):
+    client.create(model="own", from_="tiny", system="A model of its own.")  # a manifest unlike tiny's
+    client.copy("own", "alias")
+    client.generate(model="own", prompt="", keep_alive=-1)
+    client.delete("own")
+    assert len(plugd_server.runner_pids()) == 1  # "alias" is the same model
+    client.delete("alias")
+    assert plugd_server.runner_pids() == [] and client.ps().models == []
+
+
 def test_load_unload_ps_and_keep_alive(plugd_server, client):
     loaded = client.generate(model="tiny", prompt="")
     assert loaded.done_reason == "load" and loaded.response == ""

@@ -134,9 +134,17 @@ async def copy(request: Request) -> None:
 
 @delete("/api/delete", status_code=200)
 async def delete_model(request: Request) -> None:
+    """Delete a model; its runner unloads too (once its requests finish) unless another name still refers to it."""
     body = await read_body(request, ModelRequest)
     store = _store(request)
-    await anyio.to_thread.run_sync(store.delete, body.model_name())
+
+    def delete() -> str | None:
+        digest = store.get(body.model_name()).manifest.digest()
+        store.delete(body.model_name())
+        return None if any(m.manifest.digest() == digest for m in store.list()) else digest
+
+    if orphaned := await anyio.to_thread.run_sync(delete):
+        await request.app.state.services.scheduler.unload(orphaned)
 
 
 @head("/api/blobs/{digest:str}")
