@@ -4,6 +4,7 @@ import hashlib
 import json
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import ollama
@@ -144,3 +145,26 @@ def test_malformed_store_files(plugd_server, tiny_qwen3):
         assert reason in err.value.error
     assert client.show("good").details.family == "qwen3"
 
+
+
+def test_runners_end_with_a_daemon_that_is_killed(tmp_path, tiny_qwen3):
+    server = LiveServer(tmp_path / "models")
+    try:
+        server.cli("create", "tiny", "--from", str(tiny_qwen3), check=True)
+        ollama.Client(host=server.url).generate(model="tiny", prompt="Hi", options={"num_predict": 2})
+        (runner,) = server.runner_pids()
+        server.kill()  # SIGKILL: no shutdown, nobody to stop the runner
+        deadline = time.monotonic() + 15
+        while alive(runner) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(runner)
+    finally:
+        server.stop()
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a process that has not ended (a zombie waiting for its reaper has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

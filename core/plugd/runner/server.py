@@ -233,9 +233,24 @@ def _error(request: Request, exc: Exception) -> Response[Any]:
     return Response({"error": str(exc) or type(exc).__name__}, status_code=getattr(exc, "status_code", 500))
 
 
+def _exit_with_the_daemon(interval: float = 1.0) -> None:
+    """End this process soon after the daemon that started it ends, however it ends (SIGKILL and crashes
+    included): a runner left behind would hold its model's memory with nobody to talk to."""
+    daemon = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == daemon:
+            time.sleep(interval)
+        log.warning("the daemon (pid %d) is gone; exiting", daemon)
+        os._exit(1)  # at once: the MLX thread may be in the middle of a step
+
+    threading.Thread(target=watch, name="plugd-daemon-watch", daemon=True).start()
+
+
 def main(model_dir: str, module: str, socket_path: str, cache_budget: int | None = None) -> int:
     logging.basicConfig(level=os.environ.get("PLUGD_LOG_LEVEL", "INFO").upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s runner[%(process)d]: %(message)s")
+    _exit_with_the_daemon()
     try:
         host = ModelHost(Path(model_dir), module, cache_budget)
     except Exception as exc:  # the daemon reads this last line as the load error
