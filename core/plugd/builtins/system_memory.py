@@ -5,17 +5,13 @@ from __future__ import annotations
 import os
 
 from plugd.hookspecs import MemoryFit, hookimpl
+from plugd.procfs import kib_field
 
 
 def available_bytes() -> int | None:
     """MemAvailable from /proc/meminfo on Linux; free physical pages elsewhere when the platform reports them."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    if (available := kib_field("/proc/meminfo", "MemAvailable")) is not None:
+        return available
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):

@@ -8,6 +8,7 @@ import platform
 from typing import Any
 
 from plugd.plugins import Registry
+from plugd.procfs import kib_field
 from plugd.store.metadata import BYTES_PER_ELEMENT, FLOAT_DTYPES
 
 log = logging.getLogger(__name__)
@@ -107,14 +108,7 @@ def kv_cache_bytes(config: dict[str, Any], num_ctx: int) -> int:
 def resident_bytes(pid: int) -> int | None:
     """The anonymous memory process `pid` holds now (Linux's RssAnon: what only ending it gives back, while its
     file pages already count as available); None where the platform does not say."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    return kib_field(f"/proc/{pid}/status", "RssAnon")
 
 
 def _binary_size(n: int) -> str:
