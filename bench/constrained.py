@@ -11,7 +11,7 @@ constrained / free tok/s, client-side and from plugd's own eval_count/eval_durat
 (b) Time to first token, each on a prompt of its own: free; the runner's first structured request (it imports
 the engine and reads the vocabulary); a schema the runner has not seen; a schema it has compiled before.
 Compilation runs while the prompt is prefilled, so it shows only where it takes longer than the prefill.
-(c) Compile time per schema of ../shared/reference/json_schemas, in this process on the bench checkpoint's
+(c) Compile time per schema of tests/reference/json_schemas, in this process on the bench checkpoint's
 vocabulary (compiled and refused ones apart): median and max.
 """
 
@@ -33,7 +33,7 @@ from decode import FULL, QUICK
 from plugd.runner.grammar import GrammarRefused, GrammarVocabulary
 from plugd.runner.tokenizer import Tokenizer
 
-SCHEMAS = Path(__file__).resolve().parents[1] / "../shared/reference/json_schemas"
+SCHEMAS = Path(__file__).resolve().parents[1] / "tests/reference/json_schemas"
 DECODE_TARGET = 0.95
 
 

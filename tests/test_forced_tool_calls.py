@@ -12,7 +12,7 @@ import pytest
 from plugd.testing.server import LiveServer
 from plugd.testing.structured import json_leaning_checkpoint
 
-SCHEMAS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "json_schemas"
+SCHEMAS = Path(__file__).resolve().parent / "reference" / "json_schemas"
 TODO = json.loads((SCHEMAS / "jsb-Glaiveai2K__create_todo_e7e42931.json").read_text())
 TODO_TOOL = {"type": "function", "function": {"name": "create_todo", "description": "Add a todo item",
                                               "parameters": TODO}}

@@ -10,7 +10,7 @@ from plugd.builtins.jinja_renderer import ChatTemplateError, message_dict, rende
 from plugd.hookspecs import ModelFiles, RenderRequest
 from plugd.types import Media, Message, Tool, ToolCall
 
-TEMPLATES = Path(__file__).parents[2] / "shared" / "reference" / "chat_templates"
+TEMPLATES = Path(__file__).resolve().parent / "reference" / "chat_templates"
 WEATHER = Tool(
     name="get_weather",
     description="Current weather for a city",

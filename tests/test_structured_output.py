@@ -27,7 +27,7 @@ from plugd.scheduler.runner_client import RunnerProcess
 from plugd.testing.server import LiveServer
 from plugd.testing.structured import json_leaning_checkpoint
 
-SCHEMAS = sorted((Path(__file__).resolve().parents[1] / "../shared/reference/json_schemas").glob("*.json"))
+SCHEMAS = sorted((Path(__file__).resolve().parent / "reference/json_schemas").glob("*.json"))
 MODEL = "json-leaning"
 OPTIONS = {"temperature": 1.0, "seed": 7, "num_predict": 256}
 TODO = json.loads((SCHEMAS[0].parent / "jsb-Glaiveai2K__create_todo_e7e42931.json").read_text())

@@ -249,7 +249,7 @@ def test_tiny_checkpoint_files(checkpoint):
     processor = json.loads((checkpoint / "preprocessor_config.json").read_text())
     assert processor["size"] == {"height": 56, "width": 56} and processor["resample"] == 2
     assert processor["image_mean"] == processor["image_std"] == [0.5] * 3
-    reference_template = Path(__file__).resolve().parents[3] / "../shared/reference/chat_templates/gemma3.jinja"
+    reference_template = Path(__file__).resolve().parents[3] / "tests/reference/chat_templates/gemma3.jinja"
     assert json.loads((checkpoint / "tokenizer_config.json").read_text())["chat_template"] == reference_template.read_text()
 
 

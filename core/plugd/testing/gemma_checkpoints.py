@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 
 from plugd.testing import tokenizer as tiny_tokenizer
 
-GEMMA3_CHAT_TEMPLATE = Path(__file__).resolve().parents[3] / "../shared/reference/chat_templates/gemma3.jinja"
+GEMMA3_CHAT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "gemma3.jinja"
 # Appended to the tiny vocabulary in this order; the last three are the image tokens.
 GEMMA_TOKENS = ("<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>",
                 "<image_soft_token>")

@@ -14,7 +14,7 @@ from plugd.testing.server import LiveServer
 from plugd.types import Message
 from plugd_claude_code import is_claude_code, with_reminders_in_place
 
-REFERENCE = Path(__file__).resolve().parents[4] / "shared" / "reference" / "chat_templates"
+REFERENCE = Path(__file__).resolve().parents[3] / "tests" / "reference" / "chat_templates"
 CLAUDE_CODE = {"user-agent": "claude-cli/2.0.14 (external, cli)", "x-app": "cli"}
 GREEDY_ONE_TOKEN = {"temperature": 0, "num_predict": 1}
 

@@ -11,7 +11,7 @@ from plugd.builtins import jinja_renderer
 from plugd.hookspecs import ModelFiles, RenderRequest
 from plugd.types import Message, Think, Tool
 
-TEMPLATES = Path(__file__).resolve().parents[3] / "../shared/reference/chat_templates"
+TEMPLATES = Path(__file__).resolve().parents[3] / "tests/reference/chat_templates"
 BOS = {"bos_token": "<bos>"}
 
 

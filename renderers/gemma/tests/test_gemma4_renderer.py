@@ -182,7 +182,7 @@ def test_matches_the_upstream_template(renderer, scenario, think, upstream, file
     assert prompt.media == [image for m in messages for image in m.images]
 
 
-SCHEMAS = sorted((Path(__file__).resolve().parents[3] / "../shared/reference/json_schemas").glob("*.json"))
+SCHEMAS = sorted((Path(__file__).resolve().parents[3] / "tests/reference/json_schemas").glob("*.json"))
 
 
 def _schema_tool(path: Path) -> Tool:

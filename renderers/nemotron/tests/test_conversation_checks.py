@@ -11,7 +11,7 @@ from plugd.testing.tokenizer import CHAT_TEMPLATE
 from plugd.types import Media, Message, ToolCall
 from plugd_render_nemotron import nano3, nano_v2
 
-TEMPLATES = Path(__file__).resolve().parents[3] / "../shared/reference/chat_templates"
+TEMPLATES = Path(__file__).resolve().parents[3] / "tests/reference/chat_templates"
 RENDERERS = {"nemotron-nano-v2": nano_v2, "nemotron-3-nano": nano3}
 
 

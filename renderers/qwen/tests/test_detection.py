@@ -9,7 +9,7 @@ from plugd.testing.tokenizer import CHAT_TEMPLATE
 from plugd_render_qwen.parsers import PARSERS
 from plugd_render_qwen.renderers import RENDERERS
 
-TEMPLATES = Path(__file__).resolve().parents[3] / "../shared/reference/chat_templates"
+TEMPLATES = Path(__file__).resolve().parents[3] / "tests/reference/chat_templates"
 EXPECTED = {  # template -> (renderer, parser)
     "qwen3.jinja": ("qwen3", "qwen3"),
     "qwen3-legacy-2025-05.jinja": ("qwen3", "qwen3"),

@@ -10,7 +10,7 @@ from plugd.hookspecs import ModelFiles, RenderRequest
 from plugd.types import Media, Message, Tool, ToolCall
 from plugd_render_qwen.renderers import RENDERERS
 
-TEMPLATES = Path(__file__).resolve().parents[3] / "../shared/reference/chat_templates"
+TEMPLATES = Path(__file__).resolve().parents[3] / "tests/reference/chat_templates"
 RENDERER = {renderer.name: renderer for renderer in RENDERERS}
 TEMPLATES_OF = {
     "qwen3": ["qwen3.jinja", "qwen3-legacy-2025-05.jinja"],

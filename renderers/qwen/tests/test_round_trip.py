@@ -9,7 +9,7 @@ from plugd.types import Message, Tool, ToolCall
 from plugd_render_qwen.parsers import PARSERS
 from plugd_render_qwen.renderers import RENDERERS
 
-TEMPLATES = Path(__file__).resolve().parents[3] / "../shared/reference/chat_templates"
+TEMPLATES = Path(__file__).resolve().parents[3] / "tests/reference/chat_templates"
 RENDERER = {renderer.name: renderer for renderer in RENDERERS}
 PARSER = {parser.name: parser for parser in PARSERS}
 FAMILIES = [  # renderer, its template, its parser, whether history keeps reasoning
