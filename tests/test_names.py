@@ -37,3 +37,14 @@ def test_length_limits_are_inclusive():
     assert ModelName.parse("a" * 80).model == "a" * 80
     assert ModelName.parse("m:" + "t" * 80).tag == "t" * 80
     assert ModelName.parse("h" * 350 + "/n/m").host == "h" * 350
+
+
+def test_a_bad_bare_name_is_said_once_with_the_rule():
+    with pytest.raises(InvalidName) as bare:
+        ModelName.parse("x!")
+    assert str(bare.value) == (
+        "invalid model name 'x!': it must begin with a letter, digit or '_', then hold only those or '-', '.'; "
+        "80 characters at most")
+    with pytest.raises(InvalidName) as part:
+        ModelName.parse("team!/x")
+    assert str(part.value).startswith("invalid model name 'team!/x': its namespace 'team!' must begin with")

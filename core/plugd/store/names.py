@@ -10,14 +10,17 @@ DEFAULT_HOST = "registry.ollama.ai"
 DEFAULT_NAMESPACE = "library"
 DEFAULT_TAG = "latest"
 
-# First character alphanumeric or underscore; then also '-', '_', and '.' (not in namespaces)
-# and ':' (only in hosts, for a port). Lengths as in Ollama: host up to 350, others up to 80.
-_PART = {
-    "host": re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,349}"),
-    "namespace": re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,79}"),
-    "model": re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}"),
-    "tag": re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}"),
-}
+# First character alphanumeric or underscore; then also '-', and '.' (not in namespaces) and ':' (only in
+# hosts, for a port). Lengths as in Ollama. Both the patterns and the error messages are made from this.
+_RULES = {"host": ("-.:", 350), "namespace": ("-", 80), "model": ("-.", 80), "tag": ("-.", 80)}
+_PART = {kind: re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_{re.escape(extra)}]{{0,{length - 1}}}")
+         for kind, (extra, length) in _RULES.items()}
+
+
+def _rule(kind: str) -> str:
+    extra, length = _RULES[kind]
+    marks = ", ".join(f"'{c}'" for c in extra)
+    return f"begin with a letter, digit or '_', then hold only those or {marks}; {length} characters at most"
 
 
 class InvalidName(ValueError):
@@ -53,8 +56,10 @@ class ModelName:
             (model,) = parts
         name = cls(host=host, namespace=namespace, model=model, tag=tag)
         for kind in ("host", "namespace", "model", "tag"):
-            if not _PART[kind].fullmatch(getattr(name, kind)):
-                raise InvalidName(f"invalid model name {text!r}: bad {kind} {getattr(name, kind)!r}")
+            part = getattr(name, kind)
+            if not _PART[kind].fullmatch(part):
+                subject = "it" if part == text else f"its {kind} {part!r}"  # a bare name is said once
+                raise InvalidName(f"invalid model name {text!r}: {subject} must {_rule(kind)}")
         return cls(host=host.lower(), namespace=namespace.lower(), model=model.lower(), tag=tag.lower())
 
     @property
