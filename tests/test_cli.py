@@ -1,5 +1,6 @@
 """The `plugd` command against a real daemon, and without one."""
 
+import json
 import os
 import shutil
 import socket
@@ -134,3 +135,14 @@ def test_a_template_must_be_jinja(plugd_server, tiny_qwen3, tmp_path):
     modelfile.write_text(f'FROM base\nTEMPLATE "{jinja}"\n')
     assert plugd_server.cli("create", "x", "-f", str(modelfile)).returncode == 0
     assert plugd_server.cli("show", "x", "--template").stdout.strip() == jinja
+
+
+def test_create_refuses_a_model_type_no_installed_plugin_runs(plugd_server, tiny_qwen3):
+    config = json.loads((tiny_qwen3 / "config.json").read_text())
+    (tiny_qwen3 / "config.json").write_text(json.dumps(config | {"model_type": "nowhere"}))
+    result = plugd_server.cli("create", "x", "--from", str(tiny_qwen3))
+    assert result.returncode == 1
+    error = result.stderr.splitlines()[-1]
+    assert error.startswith("Error: no installed architecture plugin runs model_type 'nowhere'; installed: ")
+    assert "qwen3" in error.split("installed: ")[1]
+    assert plugd_server.cli("list").stdout.splitlines()[1:] == []

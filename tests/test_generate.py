@@ -302,16 +302,26 @@ def test_queue_limit_and_max_loaded_models(tmp_path, tiny_long_context):
         server.stop()
 
 
-def test_without_plugins_models_are_stored_but_not_run(tmp_path, tiny_qwen3):
+def test_without_plugins_stored_models_are_listed_but_not_run_nor_created(tmp_path, tiny_qwen3):
+    with_plugins = LiveServer(tmp_path / "models")
+    try:
+        create(with_plugins, "tiny", tiny_qwen3)
+    finally:
+        with_plugins.stop()
     server = LiveServer(tmp_path / "models", env={"PLUGD_PLUGINS": ""})
     try:
-        client = create(server, "tiny", tiny_qwen3)
+        client = ollama.Client(host=server.url)
         assert [m.model for m in client.list().models] == ["tiny:latest"]
         with pytest.raises(ollama.ResponseError) as err:
             client.generate(model="tiny", prompt="Hi")
         assert err.value.status_code == 400
         assert "no installed architecture plugin runs model_type 'qwen3'" in str(err.value)
         assert "no architecture plugin is installed" in server.log()
+        with pytest.raises(ollama.ResponseError) as refused:
+            client.create(model="again", from_="tiny")
+        assert refused.value.status_code == 400
+        assert "no installed architecture plugin runs model_type 'qwen3'; installed: none" in str(refused.value)
+        assert [m.model for m in client.list().models] == ["tiny:latest"]
     finally:
         server.stop()
 

@@ -189,6 +189,7 @@ def test_create_from_model_with_overrides(store, registry, tiny_qwen3):
 
 def test_create_errors(store, registry, tiny_qwen3, tmp_path):
     files = upload_dir(store, tiny_qwen3)
+    config = json.loads((tiny_qwen3 / "config.json").read_text())
     cases = {
         "neither 'from' nor 'files'": {},
         "not in the store": {"files": {**files, "extra.json": digest_of(b"never uploaded")}},
@@ -196,6 +197,9 @@ def test_create_errors(store, registry, tiny_qwen3, tmp_path):
         "has no config.json": {"files": {k: v for k, v in files.items() if k != "config.json"}},
         "config.json is not valid JSON": {"files": {**files, "config.json": upload(store, b"{oops")}},
         "config.json has no model_type": {"files": {**files, "config.json": upload(store, b"{}")}},
+        "no installed architecture plugin runs model_type 'nowhere'; installed: .*qwen3": {
+            "files": {**files, "config.json": upload(store, json.dumps({**config, "model_type": "nowhere"}).encode())}
+        },
         "no .safetensors": {"files": {k: v for k, v in files.items() if not k.endswith(".safetensors")}},
         "not a valid safetensors": {"files": {**files, "model.safetensors": upload(store, b"\x08" + b"\0" * 15)}},
         "names weight files that were not given": {
@@ -210,6 +214,16 @@ def test_create_errors(store, registry, tiny_qwen3, tmp_path):
         with pytest.raises(CreateError, match=message):
             create(store, registry, **fields)
     assert store.list() == []
+
+
+def test_every_way_of_creating_refuses_a_model_no_installed_plugin_runs(store, registry, tiny_qwen3, monkeypatch):
+    create(store, registry, files=upload_dir(store, tiny_qwen3))
+    monkeypatch.setenv("PLUGD_PLUGINS", "")
+    without_architectures = plugins.load()
+    for fields in ({"from_": "tiny"}, {"files": upload_dir(store, tiny_qwen3)}):
+        with pytest.raises(CreateError, match="no installed architecture plugin runs model_type 'qwen3'; installed: none"):
+            create(store, without_architectures, name="child", **fields)
+    assert [m.name.display() for m in store.list()] == ["tiny:latest"]
 
 
 def test_concurrent_creates_of_one_name_end_consistent(store, registry, tiny_qwen3):

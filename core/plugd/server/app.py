@@ -61,7 +61,7 @@ def _error_response(request: Request, exc: Exception) -> Response[Any]:
 def create_app(store: Store, registry: Registry) -> Litestar:
     services = Services(store=store, registry=registry, scheduler=Scheduler(registry))
     if not registry.architectures():
-        log.warning("no architecture plugin is installed: models can be stored but not run")
+        log.warning("no architecture plugin is installed: models can be pulled and listed, not created or run")
     return Litestar(
         route_handlers=ollama.ROUTES + ollama_generate.ROUTES + ollama_registry.ROUTES + openai.ROUTES
         + openai_responses.ROUTES + anthropic.ROUTES,

@@ -95,16 +95,25 @@ def _tensors(store: Store, draft: _Draft) -> dict[str, dict[str, Any]]:
     return tensors
 
 
-def _quantized(store: Store, registry: Registry, draft: _Draft, config: dict[str, Any], level: str,
+def _architecture(registry: Registry, config: dict[str, Any]) -> Architecture:
+    """The installed architecture that runs the model: a model no plugin runs is refused here, not at its first request."""
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str):
+        raise CreateError("config.json has no model_type")
+    installed = registry.architectures()
+    if model_type not in installed:
+        raise CreateError(f"no installed architecture plugin runs model_type {model_type!r}; installed: "
+                          f"{', '.join(sorted(installed)) or 'none'} (see `plugd plugins`)")
+    return installed[model_type]
+
+
+def _quantized(store: Store, architecture: Architecture, draft: _Draft, config: dict[str, Any], level: str,
                status: Callable[[str], None]) -> tuple[dict[str, Layer], dict[str, Any], dict[str, dict[str, Any]]]:
     """Replace the draft's float weights with quantized ones; returns its new files, config and tensors."""
     try:
         bits = bits_for(level)
         if quantization(config):
             raise QuantizeError("the model is already quantized")
-        architecture = registry.architectures().get(config["model_type"])
-        if architecture is None:
-            raise QuantizeError(f"no installed architecture plugin knows model_type {config['model_type']!r}")
         status(f"quantizing {file_type(_tensors(store, draft), config)} model to {level.upper()}")
         files = quantize_files(store, draft.files, architecture.module, bits)
     except QuantizeError as exc:
@@ -187,17 +196,15 @@ def create_model(store: Store, registry: Registry, req: CreateRequest, status: C
         tensors = _tensors(store, draft)
     except ValueError as exc:
         raise CreateError(str(exc)) from None
-    if not isinstance(config.get("model_type"), str):
-        raise CreateError("config.json has no model_type")
+    architecture = _architecture(registry, config)
     if req.quantize:
-        draft.files, config, tensors = _quantized(store, registry, draft, config, req.quantize, status)
+        draft.files, config, tensors = _quantized(store, architecture, draft, config, req.quantize, status)
     model_files = ModelFiles(config=config, chat_template=template, tokenizer_config=tokenizer_config)
 
     base = draft.base_config
     capabilities = req.capabilities
     if capabilities is None:
-        capabilities = base.get("capabilities") or infer_capabilities(
-            template, registry.architectures().get(config["model_type"]))
+        capabilities = base.get("capabilities") or infer_capabilities(template, architecture)
     if unknown := set(capabilities) - set(CAPABILITIES):
         raise CreateError(f"unknown capabilities {sorted(unknown)}; known: {', '.join(CAPABILITIES)}")
     params_layer = draft.extra.get(mt.PARAMS)
