@@ -122,8 +122,9 @@ def test_set_show_and_unknown_commands(server):
         assert b"architecture" in session.type("/show info")
         assert b"Usage: /show info" in session.type("/show nonsense")
         assert b"Unknown command '/frobnicate'" in session.type("/frobnicate")
-        session.type("/set parameter temperature hot")
-        assert b"Error: invalid options" in session.type("Oops")
+        session.type("/set parameter top_p 2")  # a float, as a Modelfile takes it, but out of the daemon's range
+        assert b"Error: invalid options: top_p must be between 0 and 1" in session.type("Oops")
+        session.type("/set parameter top_p 1")
         session.type("/set parameter temperature 0")
         # The refused message left no trace: the next one continues the first exchange.
         follow_up = first + [{"role": "assistant", "content": answer.decode().replace("\r\n", "\n")},
@@ -149,5 +150,29 @@ def test_ctrl_c_stops_a_reply_and_ctrl_d_leaves(server):
         assert reply_to(server, [{"role": "user", "content": "Hi"}], num_predict=2) in session.type("Hi")
         os.write(session.primary, b"\x04")
         assert session.process.wait(timeout=30) == 0
+    finally:
+        session.close()
+
+
+def test_set_parameter_checks_names_and_values_as_a_modelfile_does(server):
+    session = Session(server)
+    try:
+        assert b"Couldn't set parameter: unknown parameter 'temprature'" in session.type("/set parameter temprature 1")
+        assert b"Set parameter 'stop' to 'x, y'" in session.type("/set parameter stop x y")
+        assert b"Set parameter 'stop' to 'zzz'" in session.type("/set parameter stop zzz")  # not in the reply
+        assert (b"Couldn't set parameter: invalid value 'three' for parameter num_predict: expected int"
+                in session.type("/set parameter num_predict three"))
+        # The refused value was not sent (the daemon would refuse the message); the list parameter was, as a list.
+        assert reply_to(server, [{"role": "user", "content": "Hi"}], stop=["zzz"]) in session.type("Hi")
+    finally:
+        session.close()
+
+
+def test_show_system_shows_the_sessions_system_message(server):
+    session = Session(server)
+    try:
+        assert session.type("/show system") == b"/show system\r\n\r\n>>> "  # the model has none
+        session.type("/set system Answer in French.")
+        assert session.type("/show system") == b"/show system\r\nAnswer in French.\r\n>>> "
     finally:
         session.close()

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any, TextIO
 
 from plugd.cli import SHOW_FIELDS, show_model
 from plugd.client import DaemonClient, DaemonError
+from plugd.store.modelfile import parameter_value
+from plugd.types import OPTION_TYPES
 
 HELP = """Available commands:
   /set parameter NAME VALUE   Set a model option for this session (temperature, num_ctx, num_predict...)
@@ -86,14 +87,6 @@ def _read_message() -> str | None:
     return "\n".join(body).strip("\n")
 
 
-def _option_value(text: str) -> Any:
-    """A /set parameter value as JSON reads it (numbers, booleans, lists), else the text itself."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
 class Session:
     """An interactive chat: the conversation and what /set changed, sent with every message."""
 
@@ -128,8 +121,7 @@ class Session:
     def _set(self, text: str) -> None:
         what, _, value = text.partition(" ")
         if what == "parameter" and len(parts := value.split(maxsplit=1)) == 2:
-            self.options[parts[0]] = _option_value(parts[1])
-            print(f"Set parameter '{parts[0]}' to '{parts[1]}'")
+            self._set_parameter(*parts)
         elif what == "system" and value.strip():
             self.system = value.strip()
             print("Set system message.")
@@ -143,9 +135,25 @@ class Session:
             print("Usage: /set parameter NAME VALUE | /set system TEXT | /set think | /set nothink | "
                   "/set verbose | /set quiet")
 
+    def _set_parameter(self, name: str, text: str) -> None:
+        """Checked as a Modelfile's PARAMETER is; a list parameter (stop) takes the words of `text`, as Ollama's does."""
+        try:
+            name, value = parameter_value(name, text)
+        except ValueError as exc:
+            print(f"Couldn't set parameter: {exc}")
+            return
+        if OPTION_TYPES[name] is list:
+            value = text.split()
+            text = ", ".join(value)
+        self.options[name] = value
+        print(f"Set parameter '{name}' to '{text}'")
+
     def _show(self, field: str) -> None:
         if field != "info" and field not in SHOW_FIELDS:
             print(f"Usage: /show info | /show {' | /show '.join(SHOW_FIELDS)}")
+            return
+        if field == "system" and self.system is not None:
+            print(self.system)  # the session's own, which replaces the model's
             return
         try:
             show_model(self.model, None if field == "info" else field)

@@ -34,6 +34,20 @@ class Modelfile:
     license: list[str] = attrs.Factory(list)
 
 
+def parameter_value(name: str, text: str) -> tuple[str, Any]:
+    """A PARAMETER's name, lowercased, and `text` read as the option's type (a list option's one item stays text);
+    raises ValueError saying what is wrong. `plugd run`'s /set parameter reads its values with this too."""
+    kind = OPTION_TYPES.get(name.lower())
+    if kind is None:
+        raise ValueError(f"unknown parameter {name!r}")
+    if kind is list:
+        return name.lower(), text
+    try:
+        return name.lower(), kind(text)
+    except ValueError:
+        raise ValueError(f"invalid value {text!r} for parameter {name.lower()}: expected {kind.__name__}") from None
+
+
 def _error(filename: str, line: int, what: str) -> ModelfileError:
     return ModelfileError(f"{filename}:{line}: {what}")
 
@@ -93,17 +107,14 @@ def parse_modelfile(text: str, filename: str = "Modelfile") -> Modelfile:
                 raise _error(filename, line, f"second FROM line (the first is line {from_line})")
             modelfile.from_, from_line = value, line
         elif command == "parameter":
-            name, kind = key.lower(), OPTION_TYPES.get(key.lower())
-            if kind is None:
-                raise _error(filename, line, f"unknown parameter {key!r}")
-            if kind is list:
-                modelfile.parameters.setdefault(name, []).append(value)
+            try:
+                name, typed = parameter_value(key, value)
+            except ValueError as exc:
+                raise _error(filename, line, str(exc)) from None
+            if OPTION_TYPES[name] is list:
+                modelfile.parameters.setdefault(name, []).append(typed)
             else:
-                try:
-                    modelfile.parameters[name] = kind(value)
-                except ValueError:
-                    what = f"invalid value {value!r} for parameter {name}: expected {kind.__name__}"
-                    raise _error(filename, line, what) from None
+                modelfile.parameters[name] = typed
         elif command == "message":
             if key.lower() not in ROLES:
                 raise _error(filename, line, f"invalid role {key!r}: expected one of {', '.join(ROLES)}")
