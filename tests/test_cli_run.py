@@ -36,10 +36,11 @@ def test_prompt_from_a_pipe(server):
     assert result.stdout == expected.message.content + "\n"
 
 
-def test_unknown_model_fails_before_prompting(server):
-    result = server.cli("run", "nope", "hi")
+def test_a_bad_model_name_fails_before_prompting(server):
+    result = server.cli("run", "no!", "hi")
     assert result.returncode == 1
-    assert result.stderr.strip() == "Error: model 'nope:latest' not found"
+    assert result.stderr.strip().startswith("Error: invalid model name 'no!': it must begin with")
+    assert result.stdout == ""
 
 
 class Terminal:

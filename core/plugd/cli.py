@@ -17,6 +17,7 @@ from plugd.store.modelfile import ModelfileError, parse_modelfile
 
 # Files of a Hugging Face model directory that `create` uploads; weights in other formats are skipped.
 MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".jinja", ".txt", ".model", ".tiktoken")
+INSECURE_HELP = "allow plain http and private addresses (an https session never goes to plain http)"
 
 
 def human_size(n: float) -> str:
@@ -189,7 +190,7 @@ def cmd_stop(args: argparse.Namespace) -> None:
 def cmd_run(args: argparse.Namespace) -> None:
     from plugd.cli_run import run
 
-    run(args.model, " ".join(args.prompt) if args.prompt else None, args.verbose)
+    run(args.model, " ".join(args.prompt) if args.prompt else None, args.verbose, args.insecure)
 
 
 def cmd_transfer(args: argparse.Namespace) -> None:
@@ -243,17 +244,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quantize", metavar="LEVEL", help="quantize a float model: q4 or q8 (MLX affine)")
     p.set_defaults(func=cmd_create)
 
-    p = sub.add_parser("run", help="chat with a model, or answer one prompt")
+    p = sub.add_parser("run", help="chat with a model, or answer one prompt; a model not here is pulled first")
     p.add_argument("model")
     p.add_argument("prompt", nargs="*")
     p.add_argument("--verbose", action="store_true", help="print timings after each reply")
+    p.add_argument("--insecure", action="store_true", help=f"when pulling: {INSECURE_HELP}")
     p.set_defaults(func=cmd_run)
 
     for verb, text in (("pull", "download a model from a registry"), ("push", "upload a model to a registry")):
         p = sub.add_parser(verb, help=text)
         p.add_argument("model", help="[host[:port]/]namespace/model[:tag]; registry.ollama.ai/library by default")
-        p.add_argument("--insecure", action="store_true",
-                       help="allow plain http and private addresses (an https session never goes to plain http)")
+        p.add_argument("--insecure", action="store_true", help=INSECURE_HELP)
         p.set_defaults(func=cmd_transfer)
 
     sub.add_parser("ps", help="list loaded models").set_defaults(func=cmd_ps)

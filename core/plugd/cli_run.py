@@ -6,6 +6,7 @@ import sys
 from typing import Any, TextIO
 
 from plugd.cli import SHOW_FIELDS, show_model
+from plugd.cli_transfer import transfer
 from plugd.client import DaemonClient, DaemonError
 from plugd.store.modelfile import parameter_value
 from plugd.types import OPTION_TYPES
@@ -182,9 +183,21 @@ class Session:
         print()
 
 
-def run(model: str, prompt: str | None, verbose: bool) -> None:
+def load(client: DaemonClient, model: str, insecure: bool) -> None:
+    """Load `model` now, so that errors come before the prompt; one not in the store is pulled first, as
+    `ollama run` does, drawing the progress `plugd pull` draws."""
+    try:
+        client.json("POST", "/api/generate", {"model": model})
+    except DaemonError as exc:
+        if exc.status != 404:
+            raise
+        transfer("pull", model, insecure)
+        client.json("POST", "/api/generate", {"model": model})
+
+
+def run(model: str, prompt: str | None, verbose: bool, insecure: bool) -> None:
     client = DaemonClient()
-    client.json("POST", "/api/generate", {"model": model})  # load now, so errors come before the prompt
+    load(client, model, insecure)
     if prompt is None and not sys.stdin.isatty():
         prompt = sys.stdin.read()
     if prompt is not None:

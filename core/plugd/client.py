@@ -14,7 +14,12 @@ from plugd.settings import daemon_url
 
 
 class DaemonError(RuntimeError):
-    """The daemon is unreachable or answered with an error; the message is ready to print."""
+    """The daemon is unreachable or answered with an error; the message is ready to print. `status` is the HTTP
+    status of an error answer (None when there was no answer, or the error came inside a stream)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
 
 
 class DaemonClient:
@@ -67,7 +72,7 @@ def _raise_for_error(response: httpx.Response) -> None:
         message = response.json().get("error")
     except ValueError:
         message = None
-    raise DaemonError(message or f"{response.status_code} {response.reason_phrase}")
+    raise DaemonError(message or f"{response.status_code} {response.reason_phrase}", response.status_code)
 
 
 def _sha256_file(path: Path) -> str:
