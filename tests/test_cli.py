@@ -7,6 +7,8 @@ import socket
 import subprocess
 import sys
 
+import httpx
+
 from plugd import __version__
 from plugd.testing.server import free_port
 
@@ -146,3 +148,23 @@ def test_create_refuses_a_model_type_no_installed_plugin_runs(plugd_server, tiny
     assert error.startswith("Error: no installed architecture plugin runs model_type 'nowhere'; installed: ")
     assert "qwen3" in error.split("installed: ")[1]
     assert plugd_server.cli("list").stdout.splitlines()[1:] == []
+
+
+def test_stop_says_when_the_model_is_not_loaded(plugd_server, tiny_qwen3):
+    cli = plugd_server.cli
+    cli("create", "tiny", "--from", str(tiny_qwen3), check=True)
+    idle = cli("stop", "tiny")
+    assert (idle.returncode, idle.stderr) == (0, "model 'tiny:latest' is not loaded\n")
+    # The unload request behind it answers without loading the model first, as Ollama's does.
+    unload = httpx.post(f"{plugd_server.url}/api/generate", json={"model": "tiny", "keep_alive": 0, "stream": False})
+    assert unload.json()["done_reason"] == "unload" and unload.json()["load_duration"] == 0
+    assert plugd_server.runner_pids() == []
+
+    httpx.post(f"{plugd_server.url}/api/generate", json={"model": "tiny"}, timeout=120).raise_for_status()
+    assert len(plugd_server.runner_pids()) == 1
+    loaded = cli("stop", "tiny")
+    assert (loaded.returncode, loaded.stderr) == (0, "")
+    assert plugd_server.runner_pids() == [] and cli("ps").stdout.splitlines()[1:] == []
+
+    missing = cli("stop", "nope")
+    assert (missing.returncode, missing.stderr) == (1, "Error: model 'nope:latest' not found\n")

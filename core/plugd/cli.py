@@ -14,6 +14,7 @@ import attrs
 from plugd import __version__, plugins
 from plugd.client import DaemonClient, DaemonError
 from plugd.store.modelfile import ModelfileError, parse_modelfile
+from plugd.store.names import ModelName
 
 # Files of a Hugging Face model directory that `create` uploads; weights in other formats are skipped.
 MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".jinja", ".txt", ".model", ".tiktoken")
@@ -184,7 +185,12 @@ def cmd_ps(args: argparse.Namespace) -> None:
 
 
 def cmd_stop(args: argparse.Namespace) -> None:
-    DaemonClient().json("POST", "/api/generate", {"model": args.model, "keep_alive": 0})
+    client = DaemonClient()
+    name = ModelName.parse(args.model).display()
+    loaded = any(m["name"] == name for m in client.json("GET", "/api/ps")["models"])
+    client.json("POST", "/api/generate", {"model": args.model, "keep_alive": 0})  # a model not in the store: 404
+    if not loaded:  # nothing to do, and nothing wrong: stopping is idempotent
+        print(f"model '{name}' is not loaded", file=sys.stderr)
 
 
 def cmd_run(args: argparse.Namespace) -> None:

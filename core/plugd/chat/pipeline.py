@@ -243,6 +243,10 @@ async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta |
     prepared = await _prepared(services, request)
     model, options, keep_alive = prepared.model, prepared.options, prepared.keep_alive
     load_only = not request.messages and not request.raw_prompt
+    if load_only and keep_alive == 0:  # as Ollama: an unload request does not load a model to unload it
+        await services.scheduler.unload(model.digest)
+        yield Final(done_reason="unload", total_duration=time.perf_counter_ns() - started)
+        return
     render = None if load_only or request.raw_prompt is not None else _renderer(services, model, request)
     parser_kind = None if load_only else _parser(services, model, request)
     preparer = _media_preparer(services, model)
@@ -251,7 +255,7 @@ async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta |
     async with services.scheduler.acquire(model, options.num_ctx, keep_alive) as loaded:
         load_duration = time.perf_counter_ns() - started
         if load_only:
-            yield Final(done_reason="unload" if keep_alive == 0 else "load", load_duration=load_duration,
+            yield Final(done_reason="load", load_duration=load_duration,
                         total_duration=time.perf_counter_ns() - started)
             return
         prompt, media = request.raw_prompt, []
