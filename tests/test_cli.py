@@ -2,13 +2,16 @@
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 
+import plugd
 from plugd import __version__
 from plugd.testing.server import free_port
 
@@ -148,6 +151,67 @@ def test_create_refuses_a_model_type_no_installed_plugin_runs(plugd_server, tiny
     assert error.startswith("Error: no installed architecture plugin runs model_type 'nowhere'; installed: ")
     assert "qwen3" in error.split("installed: ")[1]
     assert plugd_server.cli("list").stdout.splitlines()[1:] == []
+
+
+def test_bare_plugd_prints_help():
+    result = run()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: plugd ")
+    assert "start the daemon" in result.stdout and "chat with a model" in result.stdout
+
+
+def test_the_hidden_runner_command_is_not_offered():
+    assert "runner" not in run("--help").stdout
+    unknown = run("frobnicate")
+    assert unknown.returncode == 2
+    assert "invalid choice: 'frobnicate'" in unknown.stderr and "'serve'" in unknown.stderr
+    assert "runner" not in unknown.stderr
+    assert run("runner", "--help").stdout.startswith("usage: plugd runner ")  # the daemon still starts runners
+
+
+def test_a_bad_flag_prints_its_subcommands_usage():
+    for args, usage in ((["list", "--bogus"], "usage: plugd list [-h]"),
+                        (["create", "x", "--bogus"], "usage: plugd create [-h] [--from DIR | -f MODELFILE]")):
+        result = run(*args)
+        assert result.returncode == 2
+        assert result.stderr.startswith(usage)
+        assert result.stderr.splitlines()[-1] == f"plugd {args[0]}: error: unrecognized arguments: --bogus"
+
+
+def test_run_usage_shows_the_prompt_as_optional():
+    assert run("run", "--help").stdout.splitlines()[0] == "usage: plugd run [-h] [--verbose] [--insecure] MODEL [PROMPT ...]"
+
+
+def test_serve_help_lists_every_environment_variable_the_core_reads():
+    read = set()
+    for source in (Path(plugd.__file__).parent).rglob("*.py"):
+        read |= set(re.findall(r"""environ(?:\.get\(|\[)\s*["'](PLUGD_[A-Z_]+)""", source.read_text()))
+    assert "PLUGD_HOST" in read and "PLUGD_KEEP_ALIVE" in read
+    help_text = run("serve", "--help").stdout
+    listed = set(re.findall(r"^  (PLUGD_[A-Z_]+) ", help_text, re.MULTILINE))
+    assert listed == read
+    assert "how long an idle model stays loaded" in help_text and "(default: 5m)" in help_text
+
+
+def test_an_unknown_quantization_is_refused_before_any_upload(plugd_server, tiny_qwen3):
+    result = plugd_server.cli("create", "x", "--from", str(tiny_qwen3), "--quantize", "q2")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        "plugd create: error: argument -q/--quantize: unsupported quantization 'q2': plugd quantizes to q4 or q8 "
+        "(MLX affine)")
+    assert "copying file" not in result.stderr
+    assert not any(path.is_file() for path in plugd_server.models.rglob("*"))
+
+
+def test_output_into_a_closed_pipe_ends_without_a_traceback():
+    reader, writer = os.pipe()
+    os.close(reader)  # as `| head -1` is once it has its line: every write from here on fails
+    try:
+        result = subprocess.run([sys.executable, "-m", "plugd", "plugins", "--json"], stdout=writer,
+                                stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(writer)
+    assert (result.returncode, result.stderr) == (1, "")
 
 
 def test_stop_says_when_the_model_is_not_loaded(plugd_server, tiny_qwen3):

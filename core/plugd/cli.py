@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,8 +15,11 @@ import attrs
 
 from plugd import __version__, plugins
 from plugd.client import DaemonClient, DaemonError
+from plugd.settings import environment_help
 from plugd.store.modelfile import ModelfileError, parse_modelfile
 from plugd.store.names import ModelName
+from plugd.store.quantize import LEVELS as QUANTIZE_LEVELS
+from plugd.store.quantize import QuantizeError, bits_for
 
 # Files of a Hugging Face model directory that `create` uploads; weights in other formats are skipped.
 MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".jinja", ".txt", ".model", ".tiktoken")
@@ -217,74 +222,108 @@ def cmd_serve(args: argparse.Namespace) -> None:
     sys.exit(serve())
 
 
+def quantize_level(text: str) -> str:
+    """--quantize's value, refused before any file is uploaded when the daemon would refuse it."""
+    try:
+        bits_for(text)
+    except QuantizeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _command(sub: Any, name: str, func: Any, help: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand; a flag it does not know is told with its own usage (see parse_arguments)."""
+    p = sub.add_parser(name, help=help, **kwargs)
+    p.set_defaults(func=func, command_parser=p)
+    return p
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="plugd", description="A local LLM daemon with Ollama's API.")
     top.add_argument("--version", action="version", version=f"plugd {__version__}")
-    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = top.add_subparsers(dest="command", metavar="COMMAND")
 
-    sub.add_parser("serve", help="start the daemon").set_defaults(func=cmd_serve)
-    sub.add_parser("list", aliases=["ls"], help="list models").set_defaults(func=cmd_list)
+    _command(sub, "serve", cmd_serve, "start the daemon", formatter_class=argparse.RawDescriptionHelpFormatter,
+             epilog=environment_help(min(100, shutil.get_terminal_size().columns - 2)))
+    _command(sub, "list", cmd_list, "list models", aliases=["ls"])
 
-    p = sub.add_parser("show", help="show a model's details")
+    p = _command(sub, "show", cmd_show, "show a model's details")
     p.add_argument("model")
-    for flag in ("modelfile", "parameters", "template", "system", "license"):
+    for flag in SHOW_FIELDS:
         p.add_argument(f"--{flag}", action="store_true", help=f"print only the {flag}")
     p.add_argument("-v", "--verbose", action="store_true", help="include tensors")
-    p.set_defaults(func=cmd_show)
 
-    p = sub.add_parser("cp", help="copy a model")
+    p = _command(sub, "cp", cmd_cp, "copy a model")
     p.add_argument("source")
     p.add_argument("destination")
-    p.set_defaults(func=cmd_cp)
 
-    p = sub.add_parser("rm", help="remove models")
+    p = _command(sub, "rm", cmd_rm, "remove models")
     p.add_argument("models", nargs="+")
-    p.set_defaults(func=cmd_rm)
 
-    p = sub.add_parser("create", help="create a model from a Hugging Face directory or a Modelfile")
+    p = _command(sub, "create", cmd_create, "create a model from a Hugging Face directory or a Modelfile")
     p.add_argument("model")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--from", dest="from_dir", metavar="DIR", help="a Hugging Face safetensors model directory")
     source.add_argument("-f", "--file", metavar="MODELFILE", help="a Modelfile (default: ./Modelfile)")
     p.add_argument("--capabilities", help="comma-separated, overriding the inferred ones")
-    p.add_argument("-q", "--quantize", metavar="LEVEL", help="quantize a float model: q4 or q8 (MLX affine)")
-    p.set_defaults(func=cmd_create)
+    p.add_argument("-q", "--quantize", metavar="LEVEL", type=quantize_level,
+                   help=f"quantize a float model: {' or '.join(QUANTIZE_LEVELS)} (MLX affine)")
 
-    p = sub.add_parser("run", help="chat with a model, or answer one prompt; a model not here is pulled first")
-    p.add_argument("model")
-    p.add_argument("prompt", nargs="*")
+    p = _command(sub, "run", cmd_run, "chat with a model, or answer one prompt; a model not here is pulled first")
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("prompt", metavar="PROMPT", nargs="*",
+                   help="answer this and exit (or what stdin pipes in); without one, chat until /bye")
     p.add_argument("--verbose", action="store_true", help="print timings after each reply")
     p.add_argument("--insecure", action="store_true", help=f"when pulling: {INSECURE_HELP}")
-    p.set_defaults(func=cmd_run)
 
     for verb, text in (("pull", "download a model from a registry"), ("push", "upload a model to a registry")):
-        p = sub.add_parser(verb, help=text)
+        p = _command(sub, verb, cmd_transfer, text)
         p.add_argument("model", help="[host[:port]/]namespace/model[:tag]; registry.ollama.ai/library by default")
         p.add_argument("--insecure", action="store_true", help=INSECURE_HELP)
-        p.set_defaults(func=cmd_transfer)
 
-    sub.add_parser("ps", help="list loaded models").set_defaults(func=cmd_ps)
-    p = sub.add_parser("stop", help="unload a model")
+    _command(sub, "ps", cmd_ps, "list loaded models")
+    p = _command(sub, "stop", cmd_stop, "unload a model")
     p.add_argument("model")
-    p.set_defaults(func=cmd_stop)
 
-    p = sub.add_parser("runner")  # spawned by the daemon, one per loaded model; not for users
+    p = _command(sub, "plugins", cmd_plugins, "list installed plugins")
+    p.add_argument("--json", action="store_true")
+    return top
+
+
+def runner_parser() -> argparse.ArgumentParser:
+    """`plugd runner`, which the daemon spawns, one per loaded model: not for users, so not among the commands."""
+    p = argparse.ArgumentParser(prog="plugd runner")
     p.add_argument("--model-dir", required=True)
     p.add_argument("--module", required=True)
     p.add_argument("--socket", required=True)
     p.add_argument("--cache-budget", type=int, help="bytes the cache policy may keep beyond the live caches")
     p.set_defaults(func=cmd_runner)
+    return p
 
-    p = sub.add_parser("plugins", help="list installed plugins")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_plugins)
-    return top
+
+def parse_arguments(argv: list[str]) -> argparse.Namespace:
+    if argv[:1] == ["runner"]:
+        return runner_parser().parse_args(argv[1:])
+    top = parser()
+    args, unknown = top.parse_known_args(argv)
+    if unknown:  # argparse would report these with the top-level usage, not the subcommand's
+        getattr(args, "command_parser", top).error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command is None:
+        top.print_help()
+        sys.exit(0)
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+    args = parse_arguments(sys.argv[1:] if argv is None else argv)
     try:
         args.func(args)
+        sys.stdout.flush()  # a reader gone by now is reported here, not in the interpreter's last flush
+    except BrokenPipeError:
+        # The reader went away (`plugd plugins --json | head -1`). As the Python docs advise: point stdout at
+        # devnull so that the final flush cannot fail again, and exit 1 without a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     except (DaemonError, ModelfileError, ValueError) as exc:
         print(f"Error: {exc}", file=sys.stderr)
         sys.exit(1)

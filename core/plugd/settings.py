@@ -3,9 +3,62 @@
 from __future__ import annotations
 
 import os
+import textwrap
 from urllib.parse import urlsplit
 
+from attrs import define
+
 DEFAULT_PORT = 11434
+
+
+@define(frozen=True)
+class Variable:
+    name: str
+    default: str
+    meaning: str
+
+
+# Every environment variable the core reads: `plugd serve --help` lists these, and a test checks that the
+# core reads no other. Plugins document their own.
+ENVIRONMENT = (
+    Variable("PLUGD_HOST", f"127.0.0.1:{DEFAULT_PORT}",
+             "address to serve on and to reach the daemon at (host, host:port, :port, http://host:port); on a "
+             "loopback address only requests naming a local host are answered, as Ollama does against DNS rebinding"),
+    Variable("PLUGD_MODELS", "~/.plugd/models", "the model store"),
+    Variable("PLUGD_NOPRUNE", "unset", "set to keep blobs no model refers to at start"),
+    Variable("PLUGD_PLUGINS", "all", "comma-separated plugins to load; empty loads none (built-ins always load)"),
+    Variable("PLUGD_TRACE_PLUGINS", "unset",
+             "1 logs every plugin hook call (and calls into what hooks returned); or a comma-separated list of "
+             "plugins to trace"),
+    Variable("PLUGD_REGISTRY_AUTH", "~/.plugd/auth.json, then ~/.docker/config.json",
+             "registry credentials (Docker config.json format)"),
+    Variable("PLUGD_CA_BUNDLE", "SSL_CERT_FILE, else certifi's", "CA certificates trusted for registry https"),
+    Variable("PLUGD_CACHE_POLICY", "prefix-cache when installed, else single-slot", "the runner's prompt-cache policy"),
+    Variable("PLUGD_CLIENT_RENDERERS", "unset", "client renderer plugins to enable, e.g. claude-code"),
+    Variable("PLUGD_KEEP_ALIVE", "5m",
+             "how long an idle model stays loaded; 0 unloads after each request, negative keeps it"),
+    Variable("PLUGD_MAX_LOADED_MODELS", "unlimited", "models loaded at once; idle ones are evicted first"),
+    Variable("PLUGD_MAX_QUEUE", "512", "requests waiting for a model before the daemon answers 503"),
+    Variable("PLUGD_CONTEXT_LENGTH", "4096", "default num_ctx"),
+    Variable("PLUGD_LOAD_TIMEOUT", "600", "seconds a runner may take to load its model"),
+    Variable("PLUGD_LOG_LEVEL", "INFO", "daemon and runner log level"),
+    Variable("PLUGD_ORIGINS", "unset",
+             "comma-separated web origins (* as a wildcard) that may call the API from a browser, besides Ollama's "
+             "defaults (localhost, 127.0.0.1 and 0.0.0.0 on any port; app://, file://, tauri://, vscode-webview://, "
+             "vscode-file://)"),
+)
+
+
+def environment_help(width: int) -> str:
+    """ENVIRONMENT as a help section: each name, then its meaning and default, wrapped to `width`."""
+    indent = " " * (2 + max(len(v.name) for v in ENVIRONMENT) + 2)
+    lines = ["environment variables:"]
+    for v in ENVIRONMENT:
+        text = f"{v.meaning} (default: {v.default})"
+        lines.append(textwrap.fill(text, width, initial_indent=f"  {v.name}".ljust(len(indent)),
+                                   subsequent_indent=indent))
+    lines.append("Installed plugins may read more; each plugin's documentation says which.")
+    return "\n".join(lines)
 
 
 def daemon_address() -> tuple[str, int]:
