@@ -8,6 +8,9 @@ PYPROJECTS := pyproject.toml $(wildcard */*/pyproject.toml)
 # peer bench/pull.py measures against.
 DEBIAN_PACKAGES := libopenblas0-pthread
 DEBIAN_TEST_PACKAGES := $(DEBIAN_PACKAGES) docker-registry curl
+# apt-get install, through sudo when not root; the packages follow it.
+APT_INSTALL = SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq
 
 .PHONY: serve test system-packages system-test-packages
 serve: system-packages $(VENV)/.installed
@@ -21,11 +24,14 @@ system-test-packages: system-packages
 
 system-packages:
 	@if command -v apt-get >/dev/null && ! dpkg -s $(DEBIAN_PACKAGES) >/dev/null 2>&1; then \
-		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(DEBIAN_PACKAGES); \
+		$(APT_INSTALL) $(DEBIAN_PACKAGES); \
 	fi
 
+# Debian's python3.X leaves venv's ensurepip to the package python3.X-venv (python3-venv depends on the default one).
 $(BIN)/python:
+	@if command -v apt-get >/dev/null && ! $(PYTHON) -c "import ensurepip, venv" >/dev/null 2>&1; then \
+		$(APT_INSTALL) python$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')-venv; \
+	fi
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
