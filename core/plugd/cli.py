@@ -272,7 +272,7 @@ def parser() -> argparse.ArgumentParser:
     p = _command(sub, "run", cmd_run, "chat with a model, or answer one prompt; a model not here is pulled first")
     p.add_argument("model", metavar="MODEL")
     p.add_argument("prompt", metavar="PROMPT", nargs="*",
-                   help="answer this and exit (or what stdin pipes in); without one, chat until /bye")
+                   help="answer this prompt and exit; without one (and nothing piped in), chat until /bye")
     p.add_argument("--verbose", action="store_true", help="print timings after each reply")
     p.add_argument("--insecure", action="store_true", help=f"when pulling: {INSECURE_HELP}")
 
