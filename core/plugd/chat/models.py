@@ -15,6 +15,7 @@ from plugd.store import manifests as mt
 from plugd.store.metadata import tensor_metadata
 from plugd.store.model_files import chat_template, read_json
 from plugd.store.names import ModelName
+from plugd.store.ollama_format import config_view
 from plugd.store.store import Store, StoredModel
 from plugd.types import Message
 
@@ -68,7 +69,7 @@ def _resolve(store: Store, registry: Registry, model: StoredModel) -> ResolvedMo
         name=name,
         digest=model.manifest.digest(),
         files={file: store.blobs.path(layer.digest) for file, layer in files.items()},
-        config=store.config(model),
+        config=config_view(store, model, registry),
         model_files=ModelFiles(
             config=hf_config, chat_template=template, tokenizer_config=read_json(store, files, "tokenizer_config.json")
         ),

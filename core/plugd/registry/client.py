@@ -153,9 +153,9 @@ class RegistryClient:
             return UnknownModel(f"unknown model '{self.repository}' {where}")
         return UnknownModel(f"model '{self.repository}:{self.name.tag}' not found {where}")
 
-    def put_manifest(self, raw: bytes) -> None:
+    def put_manifest(self, raw: bytes, media_type: str = MANIFEST_MEDIA_TYPE) -> None:
         response = self.send("PUT", self.url(f"manifests/{self.name.tag}"), body=raw,
-                             headers={"Content-Type": MANIFEST_MEDIA_TYPE})
+                             headers={"Content-Type": media_type})
         if response.status_code not in (200, 201):
             raise self.fail(response, f"push manifest of {self.name}")
 

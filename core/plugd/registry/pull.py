@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+from pathlib import PurePosixPath
 
 from plugd.registry.client import RegistryClient, unreachable_as_error
 from plugd.registry.download import BlobDownload, Connections, Tuning
@@ -48,12 +49,18 @@ def pull_model(store: Store, name: ModelName, *, insecure: bool = False, emit: E
 
 
 def _layers(manifest: Manifest, name: ModelName) -> list[Layer]:
-    """The config and layers, each digest once; a digest that is not sha256 or a negative size is refused, and so
-    is a model in Ollama's GGUF format, before any of it is downloaded."""
+    """The config and layers, each digest once; a digest that is not sha256, a negative size or a file name outside
+    the model directory is refused, and so is a model in Ollama's GGUF format, before any of it is downloaded."""
     if any(layer.media_type == GGUF_WEIGHTS for layer in manifest.layers):
         raise UnsupportedFormat(
-            f"{name} is a GGUF model, the llama.cpp format Ollama runs; plugd runs safetensors models on MLX. "
-            "Pull one pushed by plugd, or create one from a Hugging Face model directory (plugd create NAME --from DIR)")
+            f"{name} is a GGUF model, the llama.cpp format Ollama runs; plugd runs safetensors models on MLX. Instead, "
+            "pull a tag of it in Ollama's MLX (safetensors) format where one is published (e.g. a tag ending in -mlx), "
+            "pull its safetensors checkpoint from the Hugging Face Hub (plugd pull hf.co/ORG/REPO), or create it from a "
+            "Hugging Face model directory (plugd create NAME --from DIR)")
+    for file in manifest.files():
+        path = PurePosixPath(file)
+        if path.is_absolute() or ".." in path.parts or "\\" in file or str(path) != file:
+            raise RegistryError(f"the manifest of {name} names a file outside the model directory: {file!r}")
     layers: dict[str, Layer] = {}
     for layer in (manifest.config, *manifest.layers):
         try:

@@ -31,7 +31,7 @@ def push_model(store: Store, name: ModelName, *, insecure: bool = False, emit: E
                    for layer in layers]
         run_all([u.run for u in uploads], connections, cancel, "plugd-push")
         progress.status("pushing manifest")
-        client.put_manifest(manifest.to_bytes())
+        client.put_manifest(manifest.to_bytes(), manifest.media_type)
     progress.status("success")
 
 

@@ -17,12 +17,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
+from plugd.runner.errors import CheckpointError
+from plugd.runner.ollama_tensors import read_ollama_weights
+from plugd.store.manifests import OLLAMA_TENSORS_DIR
+
 # A malformed checkpoint can be off in hundreds of tensors; the first few say enough.
 MAX_PROBLEMS_SHOWN = 10
-
-
-class CheckpointError(ValueError):
-    """The checkpoint's tensors do not fit the model its config.json describes."""
 
 
 def compute_dtype() -> mx.Dtype:
@@ -31,17 +31,19 @@ def compute_dtype() -> mx.Dtype:
 
 
 def load_model(model_dir: Path, module: ModuleType) -> nn.Module:
-    """Build `module.Model` from `model_dir`/config.json and load the directory's safetensors into it."""
+    """Build `module.Model` from `model_dir`/config.json and load the directory's safetensors into it: the Hugging
+    Face (or mlx-lm) files, or Ollama's tensor layers where the directory holds them in OLLAMA_TENSORS_DIR."""
     model_dir = Path(model_dir)
     config = json.loads((model_dir / "config.json").read_text())
     model = module.Model(module.ModelArgs.from_dict(config))
-    weights = read_weights(model_dir)
+    ollama = (model_dir / OLLAMA_TENSORS_DIR).is_dir()
+    weights = read_ollama_weights(model_dir / OLLAMA_TENSORS_DIR, model) if ollama else read_weights(model_dir)
     try:
         weights = model.sanitize(weights)
     except KeyError as missing:
         raise CheckpointError(f"missing tensor {missing.args[0]}") from None
-    if "quantization" in config:
-        quantize_layers(model, config["quantization"], weights)
+    if "quantization" in config or ollama:  # Ollama's layers say what is quantized by the tensors they hold
+        quantize_layers(model, config.get("quantization", {}), weights)
     check_fits(model, weights)
     dtype = compute_dtype()
     model.update(tree_unflatten([(name, _cast(tensor, dtype)) for name, tensor in weights.items()]))

@@ -37,6 +37,7 @@ from litestar.response import Stream
 from plugd import plugins
 from plugd.cache_policies import chosen_policy
 from plugd.runner.cache_policy import make_policy
+from plugd.runner.errors import CHECKPOINT_REFUSED, CheckpointError
 from plugd.runner.generate import CompletionRequest, DoneEvent, Engine, TokenEvent
 from plugd.runner.grammar import GrammarRefused, Grammars, GrammarSpec, GrammarVocabulary, TokenMaskFactory
 from plugd.runner.loading import load_model
@@ -255,7 +256,7 @@ def main(model_dir: str, module: str, socket_path: str, cache_budget: int | None
         host = ModelHost(Path(model_dir), module, cache_budget)
     except Exception as exc:  # the daemon reads this last line as the load error
         print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return CHECKPOINT_REFUSED if isinstance(exc, CheckpointError) else 1
     app = Litestar(
         route_handlers=[status, completion, tokenize, detokenize],
         state=State({"host": host}),

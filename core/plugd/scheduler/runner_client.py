@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from plugd.blas import with_openblas
+from plugd.runner.errors import CHECKPOINT_REFUSED
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT = float(os.environ.get("PLUGD_LOAD_TIMEOUT", "600"))
@@ -23,6 +24,10 @@ LOAD_TIMEOUT = float(os.environ.get("PLUGD_LOAD_TIMEOUT", "600"))
 
 class RunnerError(RuntimeError):
     """The runner failed to load, died, or answered with an error."""
+
+
+class UnloadableModel(RunnerError):
+    """The runner could not load the model's checkpoint (its tensors do not fit, or are in a form plugd cannot run)."""
 
 
 class RunnerRejected(RunnerError):
@@ -60,6 +65,7 @@ class RunnerProcess:
         directory = self.workdir / "model"
         directory.mkdir()
         for name, blob in self.files.items():
+            (directory / name).parent.mkdir(parents=True, exist_ok=True)
             (directory / name).symlink_to(blob)
         return directory
 
@@ -82,7 +88,8 @@ class RunnerProcess:
     async def _wait_ready(self) -> None:
         while True:
             if self.process.returncode is not None:
-                raise RunnerError(self.failure())
+                refused = self.process.returncode == CHECKPOINT_REFUSED
+                raise (UnloadableModel if refused else RunnerError)(self.failure())
             try:
                 if (await self.http.get("/status")).status_code == 200:
                     return

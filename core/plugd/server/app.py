@@ -12,7 +12,7 @@ from litestar.exceptions import HTTPException
 from plugd.chat.models import UnsupportedModel
 from plugd.chat.pipeline import InvalidRequest, Services, UnparseableOutput
 from plugd.plugins import Registry
-from plugd.scheduler.runner_client import RunnerRejected
+from plugd.scheduler.runner_client import RunnerRejected, UnloadableModel
 from plugd.scheduler.scheduler import QueueFull, Scheduler
 from plugd.server import anthropic, ollama, ollama_generate, ollama_registry, openai, openai_responses
 from plugd.server.bodies import BadRequest
@@ -39,6 +39,7 @@ _STATUS = {
     ModelNotFound: 404,
     InvalidRequest: 400,
     RunnerRejected: 400,
+    UnloadableModel: 400,
     UnparseableOutput: 500,
     UnsupportedModel: 400,
     QueueFull: 503,

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from plugd.plugins import Registry
 from plugd.store import manifests as mt
 from plugd.store.metadata import tensor_metadata
 from plugd.store.model_files import chat_template, read_json
+from plugd.store.ollama_format import config_view
 from plugd.store.store import Store, StoredModel
 
 
@@ -117,8 +119,9 @@ def model_info(store: Store, model: StoredModel, config: dict[str, Any]) -> dict
     return info
 
 
-def show_payload(store: Store, model: StoredModel, verbose: bool = False) -> dict[str, Any]:
-    config = store.config(model)
+def show_payload(store: Store, model: StoredModel, verbose: bool = False, registry: Registry | None = None
+                 ) -> dict[str, Any]:
+    config = config_view(store, model, registry)
     texts = _texts(store, model)
     payload: dict[str, Any] = {
         "license": texts.get("license", ""),

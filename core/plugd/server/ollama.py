@@ -22,6 +22,7 @@ from plugd.server.model_views import details, show_payload, tags_entry
 from plugd.server.sse import NDJSON, streamed
 from plugd.store.create import CreateRequest, create_model
 from plugd.store.names import ModelName
+from plugd.store.ollama_format import config_view
 from plugd.store.store import CorruptModel, Store
 from plugd.types import converter
 
@@ -78,7 +79,7 @@ async def tags(request: Request) -> dict[str, Any]:
         out = []
         for model in store.list():
             try:
-                out.append(tags_entry(model, store.config(model)))
+                out.append(tags_entry(model, config_view(store, model)))
             except CorruptModel as exc:
                 log.warning("leaving out of /api/tags: %s", exc)
         return out
@@ -121,7 +122,9 @@ async def show(request: Request) -> dict[str, Any]:
     body = await read_body(request, ModelRequest)
     store = _store(request)
     name = body.model_name()
-    return await anyio.to_thread.run_sync(lambda: show_payload(store, store.get(name), verbose=body.verbose))
+    registry = request.app.state.services.registry
+    return await anyio.to_thread.run_sync(
+        lambda: show_payload(store, store.get(name), verbose=body.verbose, registry=registry))
 
 
 @post("/api/copy", status_code=200)

@@ -17,6 +17,7 @@ from plugd.store.manifests import Layer, Manifest
 from plugd.store.metadata import file_type, human_parameters, parameter_count, quantization, tensor_metadata
 from plugd.store.model_files import chat_template, read_json
 from plugd.store.names import ModelName
+from plugd.store.ollama_format import config_view
 from plugd.store.quantize import QuantizeError, bits_for, quantize_files
 from plugd.store.store import Store
 from plugd.types import OPTION_TYPES
@@ -76,10 +77,13 @@ def _draft_from_files(store: Store, files: dict[str, str]) -> _Draft:
     return _Draft(files=layers, extra={})
 
 
-def _draft_from_model(store: Store, source: str) -> _Draft:
+def _draft_from_model(store: Store, registry: Registry, source: str) -> _Draft:
     base = store.get(ModelName.parse(source))
-    extra = {layer.media_type: layer for layer in base.manifest.layers if layer.media_type != mt.MODEL_FILE}
-    return _Draft(files=base.manifest.files(), extra=extra, base_config=store.config(base))
+    files = base.manifest.files()  # an Ollama-format base keeps its tensor and JSON layers as they are
+    extra = {layer.media_type: layer for layer in base.manifest.layers if layer not in files.values()}
+    config = config_view(store, base, registry)  # Ollama's renderer and parser names mapped onto installed plugins
+    config["capabilities"] = [c for c in config.get("capabilities") or [] if c in CAPABILITIES]
+    return _Draft(files=files, extra=extra, base_config=config)
 
 
 def _tensors(store: Store, draft: _Draft) -> dict[str, dict[str, Any]]:
@@ -183,7 +187,7 @@ def create_model(store: Store, registry: Registry, req: CreateRequest, status: C
     if req.files:
         draft = _draft_from_files(store, req.files)
     elif req.from_:
-        draft = _draft_from_model(store, req.from_)
+        draft = _draft_from_model(store, registry, req.from_)
     else:
         raise CreateError("neither 'from' nor 'files' was specified")
     status("parsing model files")

@@ -19,6 +19,12 @@ MESSAGES = "application/vnd.ollama.image.messages"
 LICENSE = "application/vnd.ollama.image.license"
 # Ollama's weights: a GGUF file, for llama.cpp; plugd runs safetensors (MODEL_FILE layers).
 GGUF_WEIGHTS = "application/vnd.ollama.image.model"
+# Ollama's safetensors format for its MLX engine (docs/registries.md): a safetensors file per tensor or stacked expert
+# group, the layer named after it, and the model directory's JSON files, each layer named by its path there.
+OLLAMA_TENSOR = "application/vnd.ollama.image.tensor"
+OLLAMA_JSON = "application/vnd.ollama.image.json"
+# The folder of a model directory holding Ollama's tensor layers, one file per blob: `<digest hex>.safetensors`.
+OLLAMA_TENSORS_DIR = "ollama-tensors"
 
 
 class MalformedManifest(ValueError):
@@ -57,8 +63,13 @@ class Layer:
 class Manifest:
     config: Layer
     layers: tuple[Layer, ...] = field(converter=tuple)
+    media_type: str = MANIFEST_MEDIA_TYPE
+    # The bytes it was read from: a pulled manifest is stored and pushed back byte for byte, its digest unchanged.
+    raw: bytes | None = field(default=None, eq=False, repr=False)
 
     def to_bytes(self) -> bytes:
+        if self.raw is not None:
+            return self.raw
         data = {
             "schemaVersion": 2,
             "mediaType": MANIFEST_MEDIA_TYPE,
@@ -78,14 +89,29 @@ class Manifest:
         layers = data.get("layers")
         if not isinstance(layers, list):
             raise MalformedManifest("layers is not a list")
-        return cls(config=Layer.from_json(data.get("config")), layers=[Layer.from_json(x) for x in layers])
+        media_type = data.get("mediaType") or MANIFEST_MEDIA_TYPE
+        if not isinstance(media_type, str):
+            raise MalformedManifest("mediaType is not a string")
+        return cls(config=Layer.from_json(data.get("config")), layers=[Layer.from_json(x) for x in layers],
+                   media_type=media_type, raw=raw)
 
     def digests(self) -> set[str]:
         return {self.config.digest} | {layer.digest for layer in self.layers}
 
     def files(self) -> dict[str, Layer]:
-        """Model directory files by relative path."""
-        return {layer.name: layer for layer in self.layers if layer.media_type == MODEL_FILE and layer.name}
+        """Model directory files by relative path: plugd's file layers and Ollama's JSON layers by their names,
+        Ollama's tensor layers as OLLAMA_TENSORS_DIR/<digest hex>.safetensors."""
+        files = {}
+        for layer in self.layers:
+            if layer.media_type in (MODEL_FILE, OLLAMA_JSON) and layer.name:
+                files[layer.name] = layer
+            elif layer.media_type == OLLAMA_TENSOR:
+                files[f"{OLLAMA_TENSORS_DIR}/{layer.digest.removeprefix('sha256:')}.safetensors"] = layer
+        return files
+
+    def ollama_format(self) -> bool:
+        """Whether the weights are in Ollama's safetensors format (OLLAMA_TENSOR layers)."""
+        return any(layer.media_type == OLLAMA_TENSOR for layer in self.layers)
 
     def layer(self, media_type: str) -> Layer | None:
         return next((layer for layer in self.layers if layer.media_type == media_type), None)

@@ -23,17 +23,28 @@ class MalformedWeights(ValueError):
     pass
 
 
+# Ollama's quantization types (x/quant in ollama/ollama) and their bits per weight.
+OLLAMA_BITS = {"int4": 4, "int8": 8, "nvfp4": 4, "mxfp4": 4, "mxfp8": 8}
+# What Ollama stores beside a quantized tensor T: T.scale, T.bias (affine modes), T.global_scale (nvfp4).
+OLLAMA_COMPANIONS = (".scale", ".bias", ".global_scale")
+
+
 def tensor_metadata(store: Store, digest: str, file_name: str) -> dict[str, Any]:
-    """{"tensors": {name: {"dtype", "shape"}}} for a safetensors blob, from the cache or its header."""
+    """{"tensors": {name: {"dtype", "shape"}}} for a safetensors blob, from the cache or its header; a tensor Ollama
+    quantized (it has a `.scale` beside it) also has the "quant_type" the file's metadata gives it."""
     cached = store.metadata_path(digest)
     if cached.is_file():
         return json.loads(cached.read_bytes())
     try:
         with safe_open(str(store.blobs.path(digest)), framework="numpy") as f:
             tensors = {}
+            keys, header = set(f.keys()), f.metadata() or {}
             for key in f.keys():
                 piece = f.get_slice(key)
                 tensors[key] = {"dtype": piece.get_dtype(), "shape": list(piece.get_shape())}
+                quant_type = header.get(f"{key}.quant_type") or header.get("quant_type")
+                if f"{key}.scale" in keys and quant_type:
+                    tensors[key]["quant_type"] = quant_type.lower()
     except (SafetensorError, OSError) as exc:
         raise MalformedWeights(f"{file_name} is not a valid safetensors file: {exc}") from None
     metadata = {"format": "safetensors", "tensors": tensors}
@@ -54,7 +65,11 @@ def parameter_count(tensors: dict[str, dict[str, Any]], config: dict[str, Any]) 
     for name, info in tensors.items():
         n = math.prod(info["shape"])
         base = name.removesuffix(".weight")
-        if q and (base + ".scales") in tensors and info["dtype"] == "U32":
+        if info.get("quant_type") in OLLAMA_BITS:
+            n = n * 32 // OLLAMA_BITS[info["quant_type"]]
+        elif name.endswith(OLLAMA_COMPANIONS) and "quant_type" in tensors.get(name.rsplit(".", 1)[0], {}):
+            continue
+        elif q and (base + ".scales") in tensors and info["dtype"] == "U32":
             layer = q.get(base)  # mlx-lm records layers quantized unlike the rest under their path
             n = n * 32 // (layer if isinstance(layer, dict) else q)["bits"]
         elif q and name.endswith((".scales", ".biases")) and (name.rsplit(".", 1)[0] + ".weight") in tensors:
@@ -64,13 +79,17 @@ def parameter_count(tensors: dict[str, dict[str, Any]], config: dict[str, Any]) 
 
 
 def file_type(tensors: dict[str, dict[str, Any]], config: dict[str, Any]) -> str:
-    """Ollama's quantization_level: Q4, Q8 for quantized models, else the dominant float dtype."""
+    """Ollama's quantization_level: Q4, Q8 for quantized models (int4, int8 ... for those in Ollama's tensor layers,
+    the type holding the most weights), else the dominant float dtype."""
     if q := quantization(config):
         return f"Q{q['bits']}"
     weight_bytes: dict[str, int] = {}
+    quantized = any("quant_type" in info for info in tensors.values())
     for info in tensors.values():
-        dtype = info["dtype"]
-        weight_bytes[dtype] = weight_bytes.get(dtype, 0) + math.prod(info["shape"]) * BYTES_PER_ELEMENT.get(dtype, 1)
+        if quantized and "quant_type" not in info:
+            continue
+        kind, size = info.get("quant_type", info["dtype"]), BYTES_PER_ELEMENT.get(info["dtype"], 1)
+        weight_bytes[kind] = weight_bytes.get(kind, 0) + math.prod(info["shape"]) * size
     return max(weight_bytes, key=weight_bytes.get) if weight_bytes else "unknown"
 
 
