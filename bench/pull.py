@@ -1,4 +1,6 @@
-"""Pull throughput: `plugd pull` of a 1 GiB model from a loopback registry, against `curl` fetching the same blobs.
+"""Pull throughput: `plugd pull` of a 1 GiB model from a loopback registry, against `curl` fetching the same blobs;
+and `plugd pull hf.co/...` of the same checkpoint from a loopback Hugging Face Hub, against huggingface_hub's own
+`snapshot_download` of the same repository.
 
     .venv/bin/python bench/pull.py            # a 1 GiB float32 Qwen3 checkpoint in 2 shards, 3 rounds
     .venv/bin/python bench/pull.py --quick    # a tiny model, 1 round (the smoke test)
@@ -18,6 +20,15 @@ the registry spends serving it plus the SHA-256 of every byte, spread over the c
 actually got (its host's steal time, read from /proc/stat during plugd's pulls, taken off); its own socket
 reads and writes come on top. Where curl's time is below that floor divided by 0.9, the target is out of reach
 on this machine whatever plugd does.
+
+The Hub comparison, in the same run: `plugd.hub.testing.HubServer` serves the checkpoint as a repository on
+loopback (LFS files through a second origin, as the Hub's CDN). The daemon pulls it through HF_ENDPOINT into an
+empty Hugging Face cache of its own (POST /api/pull, timed to `success`: the download, the SHA-256 check, the
+hard links into the store, the model's creation); a child process runs `snapshot_download` of the repository
+into an empty cache (timed around that call alone, after its imports). plugd does more per byte: it checks
+every file's SHA-256 against the digest the Hub lists and makes it durable (fsync) before the store names it;
+so, for scale, `snapshot_download + sha256 + fsync` does that too after its download, as plugd does it. Caches
+are emptied between rounds; rounds rotate which goes first. Target: plugd / snapshot_download >= 0.9.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ from pathlib import Path
 import benchlib as bl
 import httpx
 
+from plugd.hub.testing import HubServer
 from plugd.registry.testing import DockerRegistry, registry_binary
 from plugd.testing.checkpoints import write_checkpoint
 from plugd.testing.server import LiveServer
@@ -47,6 +59,30 @@ FULL = {"hidden_size": 1024, "num_hidden_layers": 17, "num_attention_heads": 16,
 TARGET = 0.9
 MODEL = "bench/model:latest"
 PEERS = ["plugd", "curl", "curl + sha256"]
+HUB_REPO = "Bench/Tiny-Qwen3"
+HUB_PEERS = ["plugd", "snapshot_download", "snapshot_download + sha256 + fsync"]
+# A child process: the imports first, then the timed snapshot_download; with --verify, then also what plugd does to
+# each file before it becomes a blob: its SHA-256, with its fsync alongside, files side by side.
+SNAPSHOT_DOWNLOAD = """
+import hashlib, os, sys, time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from huggingface_hub import snapshot_download
+
+def durable_digest(path):
+    with open(path, "rb") as f, ThreadPoolExecutor(1) as pool:
+        synced = pool.submit(os.fsync, f.fileno())
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+        synced.result()
+    return digest
+
+started = time.perf_counter()
+snapshot = snapshot_download(sys.argv[1], cache_dir=sys.argv[2], endpoint=sys.argv[3], token=False)
+if "--verify" in sys.argv:
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(durable_digest, [p.resolve() for p in Path(snapshot).iterdir()]))
+print(time.perf_counter() - started)
+"""
 
 
 def cpu_seconds(pid: int) -> float:
@@ -108,6 +144,21 @@ def pull_with_curl(registry: DockerRegistry, directory: Path, verify: bool = Fal
     return elapsed
 
 
+def pull_from_hub_with_plugd(server: LiveServer, hf_home: Path) -> float:
+    elapsed = pull_with_plugd(server, f"hf.co/{HUB_REPO}")
+    server.cli("rm", f"hf.co/{HUB_REPO}", check=True)
+    shutil.rmtree(hf_home / "hub")
+    return elapsed
+
+
+def snapshot_download(hub: HubServer, cache: Path, verify: bool) -> float:
+    env = {**os.environ, "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    result = subprocess.run([sys.executable, "-c", SNAPSHOT_DOWNLOAD, HUB_REPO, str(cache), hub.url,
+                             *(["--verify"] if verify else [])], env=env, check=True, capture_output=True, text=True)
+    shutil.rmtree(cache)
+    return float(result.stdout.split()[-1])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model and one round")
@@ -124,6 +175,9 @@ def main() -> int:
                                       overrides=None if args.quick else FULL)
         size = sum(p.stat().st_size for p in checkpoint.iterdir())
         registry = stack.enter_context(DockerRegistry(root / "registry"))
+        hub = stack.enter_context(HubServer())
+        hub.add(HUB_REPO, checkpoint)
+        hf_home = root / "hf-home"
         name = f"{registry.address}/{MODEL}"
         source = LiveServer(root / "source")
         stack.callback(source.stop)
@@ -131,7 +185,7 @@ def main() -> int:
         started = time.perf_counter()
         source.cli("push", name, check=True)
         push_seconds = time.perf_counter() - started
-        target = LiveServer(root / "target")
+        target = LiveServer(root / "target", env={"HF_ENDPOINT": hub.url, "HF_HOME": str(hf_home), "HF_TOKEN": ""})
         stack.callback(target.stop)
         times: dict[str, list[float]] = {who: [] for who in PEERS}
         cpu: dict[str, list[float]] = {who: [] for who in PEERS}
@@ -152,6 +206,11 @@ def main() -> int:
                     before = children_cpu_seconds()
                     times[who].append(pull_with_curl(registry, root / f"curl-{round_}", verify=who != "curl"))
                     cpu[who].append(children_cpu_seconds() - before)
+        hub_times: dict[str, list[float]] = {who: [] for who in HUB_PEERS}
+        for round_ in range(rounds):
+            for who in HUB_PEERS[round_ % 3:] + HUB_PEERS[: round_ % 3]:
+                hub_times[who].append(pull_from_hub_with_plugd(target, hf_home) if who == "plugd"
+                                      else snapshot_download(hub, root / f"hf-cache-{round_}", who != "snapshot_download"))
         rates = {who: size / bl.median(times[who]) for who in PEERS}
         gib = size / 2**30
         print(f"model: {bl.mib(size)} in {len(list(checkpoint.iterdir()))} files; {rounds} round(s); "
@@ -170,6 +229,14 @@ def main() -> int:
         ratio = rates["plugd"] / rates["curl"]
         print(f"ratio plugd/curl      {ratio:8.2f}   (target >= {TARGET}: {'met' if ratio >= TARGET else 'not met'})")
         print(f"ratio plugd/(curl + sha256) {rates['plugd'] / rates['curl + sha256']:.2f}")
+        for who in HUB_PEERS:
+            print(f"hub pull {who:<35}{size / bl.median(hub_times[who]) / 1e6:8.1f} MB/s   "
+                  f"({', '.join(f'{t:.2f}' for t in hub_times[who])} s)")
+        hub_ratio = bl.median(hub_times["snapshot_download"]) / bl.median(hub_times["plugd"])
+        print(f"ratio plugd/snapshot_download {hub_ratio:5.2f}   (target >= {TARGET}: "
+              f"{'met' if hub_ratio >= TARGET else 'not met'})")
+        print(f"ratio plugd/(snapshot_download + sha256 + fsync) "
+              f"{bl.median(hub_times['snapshot_download + sha256 + fsync']) / bl.median(hub_times['plugd']):.2f}")
     return 0
 
 

@@ -53,6 +53,7 @@ def test_pull_bench_quick():
         pytest.fail(f"pull.py --quick did not finish in 120 s:\n{bench.communicate()[0]}")
     assert bench.returncode == 0, output
     assert re.search(r"ratio plugd/curl +\d+\.\d+", output), output
+    assert re.search(r"ratio plugd/snapshot_download +\d+\.\d+", output), output
 
 
 def test_hybrid_bench_quick():

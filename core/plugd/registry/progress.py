@@ -24,12 +24,13 @@ class Progress:
         with self.lock:
             self.emit({"status": text})
 
-    def layer(self, digest: str, total: int, completed: int) -> None:
+    def layer(self, digest: str, total: int, completed: int, label: str | None = None) -> None:
+        """`label` names the layer in its status line (a file's name); by default, its digest's first 12 digits."""
         now = time.monotonic()
         with self.lock:
             sent_at, sent = self.last_sent.get(digest, (-self.interval, -1))
             if completed == sent or (completed < total and now - sent_at < self.interval):
                 return
             self.last_sent[digest] = (now, completed)
-            self.emit({"status": f"{self.verb} {digest.removeprefix('sha256:')[:12]}", "digest": digest,
+            self.emit({"status": f"{self.verb} {label or digest.removeprefix('sha256:')[:12]}", "digest": digest,
                        "total": total, "completed": completed})

@@ -104,8 +104,8 @@ SHAPE_KEYS = {
 
 
 def model_info(store: Store, model: StoredModel, config: dict[str, Any]) -> dict[str, Any]:
-    """Ollama's model_info: the architecture, its parameter count and context length, and the shape numbers
-    the checkpoint's config.json gives (a multimodal model's from its text model)."""
+    """Ollama's model_info: the architecture, its parameter count and context length, the shape numbers the
+    checkpoint's config.json gives (a multimodal model's from its text model), and where it was pulled from."""
     family = config.get("model_family", "")
     hf_config = read_json(store, model.manifest.files(), "config.json")
     text = hf_config.get("text_config") or hf_config
@@ -116,6 +116,9 @@ def model_info(store: Store, model: StoredModel, config: dict[str, Any]) -> dict
     rope_theta = text.get("rope_theta") or (text.get("rope_parameters") or {}).get("rope_theta")
     if rope_theta is not None:
         info[f"{family}.rope.freq_base"] = rope_theta
+    if origin := config.get("origin"):  # a model pulled from the Hugging Face Hub: the repository and its commit
+        info |= {"general.source": origin.get("source"), "general.source_revision": origin.get("revision"),
+                 "general.source_commit": origin.get("commit")}
     return info
 
 

@@ -1,5 +1,6 @@
-"""Ollama's `/api/pull` and `/api/push`: a registry transfer runs on a thread of its own and its progress is
-streamed as Ollama's NDJSON status lines; a client that goes away cancels it (a pull resumes next time)."""
+"""Ollama's `/api/pull` and `/api/push`: a registry transfer (or a pull from the Hugging Face Hub, for hf.co
+names) runs on a thread of its own and its progress is streamed as Ollama's NDJSON status lines; a client that
+goes away cancels it (a registry pull resumes next time)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import anyio
 from attrs import define
 from litestar import Request, Response, post
 
+from plugd.hub.pull import pull_from_hub
+from plugd.hub.reference import is_hub_host
 from plugd.registry.errors import RegistryError
 from plugd.registry.pull import pull_model
 from plugd.registry.push import push_model
@@ -49,13 +52,21 @@ def _store(request: Request) -> Store:
 @post("/api/pull", status_code=200)
 async def pull(request: Request) -> Any:
     body = await read_body(request, TransferRequest)
-    return await _transfer(partial(pull_model, _store(request), body.model_name(), insecure=body.insecure), body.stream)
+    name, store = body.model_name(), _store(request)
+    if is_hub_host(name.host):  # the name as typed: the Hub's repository names are case-sensitive
+        job = partial(pull_from_hub, store, request.app.state.services.registry, body.model or body.name)
+    else:
+        job = partial(pull_model, store, name, insecure=body.insecure)
+    return await _transfer(job, body.stream)
 
 
 @post("/api/push", status_code=200)
 async def push(request: Request) -> Any:
     body = await read_body(request, TransferRequest)
     store, name = _store(request), body.model_name()
+    if is_hub_host(name.host):
+        raise BadRequest(f"plugd does not push to the Hugging Face Hub ({name.host}); upload a model directory "
+                         "there with `hf upload`, or push to an OCI registry")
     await anyio.to_thread.run_sync(store.get, name)  # an unknown model is a 404 before anything streams
     return await _transfer(partial(push_model, store, name, insecure=body.insecure), body.stream)
 

@@ -6,6 +6,7 @@ import hashlib
 import os
 import re
 import tempfile
+import uuid
 from pathlib import Path
 
 DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})")
@@ -139,6 +140,18 @@ class BlobStore:
                     w.write(chunk)
                 w.commit()
         return digest
+
+    def link(self, path: Path, digest: str) -> None:
+        """Make the file at `path`, whose content the caller has checked against `digest` and made durable (fsync),
+        a blob by a hard link: no second copy. OSError where `path` is on another file system, or the file system
+        refuses links."""
+        tmp = self.root / f"{PARTIAL_PREFIX}{uuid.uuid4().hex}"
+        os.link(path, tmp)
+        try:
+            os.replace(tmp, self.path(digest))
+        finally:
+            tmp.unlink(missing_ok=True)
+        fsync_dir(self.root)
 
     def write_bytes(self, data: bytes) -> str:
         """Store `data` and return its digest (used for small layers the daemon writes itself)."""

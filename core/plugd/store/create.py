@@ -181,8 +181,12 @@ def _text_layers(store: Store, req: CreateRequest, draft: _Draft, params: dict[s
     return layers
 
 
-def create_model(store: Store, registry: Registry, req: CreateRequest, status: Callable[[str], None]) -> None:
-    """Validate, write the config blob and point the name at the new manifest; reports progress to `status`."""
+def create_model(store: Store, registry: Registry, req: CreateRequest, status: Callable[[str], None],
+                 origin: dict[str, str] | None = None) -> None:
+    """Validate, write the config blob and point the name at the new manifest; reports progress to `status`.
+
+    `origin` says where the files came from (a Hub pull gives the repository and commit); a model made `from`
+    another keeps that one's."""
     name = ModelName.parse(req.model)
     if req.files:
         draft = _draft_from_files(store, req.files)
@@ -235,6 +239,8 @@ def create_model(store: Store, registry: Registry, req: CreateRequest, status: C
         "parser": _pick("parser", req.parser or base.get("parser"), registry.parsers(), model_files),
         "rootfs": {"type": "layers", "diff_ids": [layer.digest for layer in layers]},
     }
+    if origin := origin or base.get("origin"):
+        model_config["origin"] = origin
     data = json.dumps(model_config, indent=2).encode()
     config_layer = Layer(mt.CONFIG_MEDIA_TYPE, store.blobs.write_bytes(data), len(data))
     status("writing manifest")
