@@ -7,6 +7,8 @@ downloaded again; each refusal is clear and leaves no model behind."""
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -15,8 +17,11 @@ import ollama
 import pytest
 from mlx_lm import convert
 
-from plugd.hub.files import MODEL_FILE_SUFFIXES
+from plugd.hub.files import MODEL_FILE_SUFFIXES, HubFile
+from plugd.hub.importing import import_cached
 from plugd.hub.testing import HubServer
+from plugd.registry.errors import BlobCorrupt
+from plugd.store.blobs import BlobStore
 from plugd.testing.checkpoints import write_checkpoint
 from plugd.testing.server import LiveServer
 
@@ -242,3 +247,39 @@ def test_a_gated_repository_needs_a_token_with_access(daemon, hub, hf_home):
     asked_for_files = [r for r in hub.log if r.method == "HEAD" and "/resolve/" in r.path]
     assert {(r.token, r.status) for r in asked_for_files} == {(None, 401), ("hf_other", 403), ("hf_granted", 200),
                                                               ("hf_granted", 302)}
+
+
+def cached_file(directory: Path, data: bytes) -> tuple[Path, HubFile]:
+    path = directory / "model.safetensors"
+    path.write_bytes(data)
+    return path, HubFile("model.safetensors", len(data), "0" * 40, hashlib.sha256(data).hexdigest())
+
+
+def test_a_cached_file_becomes_a_blob_by_a_hard_link(tmp_path):
+    blobs = BlobStore(tmp_path / "blobs")
+    path, file = cached_file(tmp_path, b"weights" * 1000)
+    digest = import_cached(blobs, path, file)
+    assert digest == f"sha256:{file.sha256}" and blobs.path(digest).stat().st_ino == path.stat().st_ino
+
+
+def test_a_cached_file_on_another_file_system_is_copied(tmp_path):
+    if not Path("/dev/shm").is_dir() or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs a second file system: /dev/shm")
+    blobs = BlobStore(tmp_path / "blobs")
+    other_fs = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        path, file = cached_file(other_fs, b"other weights" * 1000)
+        digest = import_cached(blobs, path, file)
+        assert blobs.path(digest).read_bytes() == path.read_bytes()
+        assert blobs.path(digest).stat().st_ino != path.stat().st_ino
+    finally:
+        shutil.rmtree(other_fs)
+
+
+def test_a_cached_file_that_is_not_what_the_hub_lists_is_refused(tmp_path):
+    blobs = BlobStore(tmp_path / "blobs")
+    path, file = cached_file(tmp_path, b"weights" * 1000)
+    path.write_bytes(b"garbage" * 1000)  # same size: huggingface_hub's own check would pass it
+    with pytest.raises(BlobCorrupt, match="is not what the Hub lists"):
+        import_cached(blobs, path, file)
+    assert blobs.digests() == set()
