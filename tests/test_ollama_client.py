@@ -5,8 +5,10 @@ import json
 import httpx
 import ollama
 import pytest
+from packaging.version import Version
 
 from plugd import __version__
+from plugd.server.ollama import OLLAMA_API_VERSION
 
 
 @pytest.fixture
@@ -97,5 +99,8 @@ def test_root_and_version(plugd_server):
     assert httpx.get(plugd_server.url).text == "Ollama is running"
     head = httpx.head(plugd_server.url)
     assert head.status_code == 200 and head.content == b""
-    assert httpx.get(plugd_server.url + "/api/version").json() == {"version": __version__}
+    version = httpx.get(plugd_server.url + "/api/version")
+    assert version.json() == {"version": OLLAMA_API_VERSION, "plugd": __version__}
+    assert version.headers["server"] == f"plugd/{__version__}"
+    assert Version(OLLAMA_API_VERSION) >= Version("0.13.4")  # the oldest Ollama `codex --oss` accepts
     assert httpx.get(plugd_server.url + "/api/nothing-here").json() == {"error": "Not Found"}

@@ -11,7 +11,7 @@ import sys
 
 import uvicorn
 
-from plugd import plugins
+from plugd import __version__, plugins
 from plugd.server.app import create_app
 from plugd.server.hosts import loopback_host_guard
 from plugd.settings import daemon_address
@@ -54,7 +54,9 @@ def serve() -> int:
     app = create_app(store, registry)
     if ipaddress.ip_address(sock.getsockname()[0]).is_loopback:
         app = loopback_host_guard(app)
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None))
+    # plugd names itself in every response's Server header (/api/version reports the Ollama API version instead).
+    config = uvicorn.Config(app, log_config=None, server_header=False, headers=[("server", f"plugd/{__version__}")])
+    server = uvicorn.Server(config)
     log.info("listening on %s:%d", host, port)
     server.run(sockets=[sock])
     return 0

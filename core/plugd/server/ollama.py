@@ -66,9 +66,16 @@ def root_head() -> None:
     return None
 
 
+# The Ollama release whose HTTP API plugd's Ollama routes answer as: /api/version reports it, so that clients that
+# gate on Ollama's version (`codex --oss` wants 0.13.4 or newer) accept plugd. 0.19.0 is the release line of the MLX
+# (safetensors) models plugd pulls and pushes, whose manifests say `"requires": "0.19.0"`.
+OLLAMA_API_VERSION = "0.19.0"
+
+
 @get("/api/version", sync_to_thread=False)
 def version() -> dict[str, str]:
-    return {"version": __version__}
+    """The Ollama API version plugd is compatible with; plugd's own version in the extra field `plugd`."""
+    return {"version": OLLAMA_API_VERSION, "plugd": __version__}
 
 
 @get("/api/tags")
