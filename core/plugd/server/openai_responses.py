@@ -5,23 +5,18 @@ plugd stores no responses. A request must carry its whole conversation as
 and every response says `"store": false` whatever the request asked, so that a
 client knows it cannot fetch the response back later.
 
-Translation, input side: `instructions` becomes a leading system message;
-consecutive reasoning, assistant message and function_call items become one
-assistant turn (its thinking, content and tool calls), as one response's
-output is one turn of the model; a function_call_output becomes a tool message
-named after the call it answers. Output side: thinking, text and tool calls
-become reasoning, message and function_call items in the order the model
-produced them.
+Input items are read in openai_responses_input, tools in openai_responses_tools. Output side:
+thinking, text and tool calls become reasoning, message and function_call (or custom_tool_call) items
+in the order the model produced them.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from attrs import define
@@ -29,17 +24,16 @@ from litestar import Request, Response, delete, get, post
 from litestar.exceptions import NotFoundException
 
 from plugd.chat import pipeline
-from plugd.chat.pipeline import ChatRequest, Delta, Final, ToolChoice, UnparseableOutput
-from plugd.media import data_url_image
-from plugd.parsing import parse_json_arguments
+from plugd.chat.pipeline import ChatRequest, Delta, Final, UnparseableOutput
 from plugd.scheduler.runner_client import RunnerError
 from plugd.server.bodies import BadRequest, read_body
+from plugd.server.openai_responses_input import NOT_STORED, input_messages
+from plugd.server.openai_responses_tools import ResponsesTools, tool_choice
 from plugd.server.sse import SSE, sse_event, streamed
-from plugd.types import Media, Message, Think, Tool, ToolCall
+from plugd.types import Think, ToolCall
 
 log = logging.getLogger(__name__)
 
-NOT_STORED = "plugd does not store responses; send the whole conversation as input"
 # Families think at three levels at most: the efforts above "high" ask for the most there is.
 _EFFORTS: dict[str, Think] = {"none": False, "minimal": False, "low": "low", "medium": "medium", "high": "high",
                               "xhigh": "high", "max": "high"}
@@ -67,157 +61,6 @@ class ResponsesBody:
     truncation: str | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
-
-
-def _string(obj: dict[str, Any], key: str, where: str) -> str:
-    value = obj.get(key)
-    if not isinstance(value, str):
-        raise BadRequest(f"{where} needs {key!r} as a string")
-    return value
-
-
-def _image(part: dict[str, Any]) -> Media:
-    if part.get("file_id"):
-        raise BadRequest("input_image by file_id is not supported: plugd has no file store; send a data: URL")
-    try:
-        return data_url_image(_string(part, "image_url", "input_image"))
-    except ValueError as exc:
-        raise BadRequest(f"input_image: {exc}") from None
-
-
-def _content(content: Any, where: str) -> tuple[str, list[Media]]:
-    """The text (parts joined as a chat template joins them: back to back) and images of a message's content."""
-    if isinstance(content, str):
-        return content, []
-    if not isinstance(content, list):
-        raise BadRequest(f"{where} must be a string or a list of content parts")
-    texts: list[str] = []
-    images: list[Media] = []
-    for part in content:
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("input_text", "output_text"):
-            texts.append(_string(part, "text", kind))
-        elif kind == "input_image":
-            images.append(_image(part))
-        else:
-            raise BadRequest(f"content part type {kind!r} is not supported")
-    return "".join(texts), images
-
-
-def _part_texts(parts: Any, where: str) -> list[str]:
-    if parts is None:
-        return []
-    if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
-        raise BadRequest(f"{where} must be a list of parts")
-    return [_string(p, "text", where) for p in parts]
-
-
-class _InputReader:
-    """Turns input items into plugd Messages, one assistant turn from each run of assistant-side items."""
-
-    def __init__(self) -> None:
-        self.messages: list[Message] = []
-        self._turn: Message | None = None  # the assistant turn that following assistant-side items add to
-        self._call_names: dict[str, str] = {}
-        self._readers: dict[str, Callable[[dict[str, Any]], None]] = {
-            "message": self._message,
-            "reasoning": self._reasoning,
-            "function_call": self._function_call,
-            "function_call_output": self._function_call_output,
-        }
-
-    def read(self, item: dict[str, Any]) -> None:
-        kind = item.get("type", "message" if "role" in item else None)
-        if kind == "item_reference":
-            raise BadRequest(f"item_reference is not supported: {NOT_STORED}")
-        reader = self._readers.get(kind)
-        if reader is None:
-            raise BadRequest(f"input item type {kind!r} is not supported")
-        reader(item)
-
-    def _assistant_turn(self, fresh: bool) -> Message:
-        if self._turn is None or fresh:
-            self._turn = Message("assistant")
-            self.messages.append(self._turn)
-        return self._turn
-
-    def _message(self, item: dict[str, Any]) -> None:
-        role = item.get("role")
-        if role not in ("user", "assistant", "system", "developer"):
-            raise BadRequest(f"invalid message role {role!r}")
-        text, images = _content(item.get("content"), "message content")
-        if role == "assistant":
-            turn = self._assistant_turn(fresh=bool(self._turn and (self._turn.content or self._turn.tool_calls)))
-            turn.content, turn.images = text, turn.images + images
-        else:
-            self._turn = None
-            self.messages.append(Message(role, text, images=images))
-
-    def _reasoning(self, item: dict[str, Any]) -> None:
-        """The raw reasoning text when the item has it, else its summary."""
-        text = "".join(_part_texts(item.get("content"), "reasoning content"))
-        text = text or "\n\n".join(_part_texts(item.get("summary"), "reasoning summary"))
-        turn = self._assistant_turn(fresh=bool(self._turn and (self._turn.content or self._turn.tool_calls
-                                                               or self._turn.thinking)))
-        turn.thinking = text or None
-
-    def _function_call(self, item: dict[str, Any]) -> None:
-        call_id, name = _string(item, "call_id", "function_call"), _string(item, "name", "function_call")
-        arguments = item.get("arguments", "")
-        if not isinstance(arguments, str):
-            raise BadRequest("function_call arguments must be a JSON string")
-        try:
-            parsed = parse_json_arguments(arguments, name)
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from None
-        self._call_names[call_id] = name
-        self._assistant_turn(fresh=False).tool_calls.append(ToolCall(name, parsed, id=call_id))
-
-    def _function_call_output(self, item: dict[str, Any]) -> None:
-        call_id = _string(item, "call_id", "function_call_output")
-        name = self._call_names.get(call_id)
-        if name is None:
-            raise BadRequest(f"function_call_output call_id {call_id!r} answers no earlier function_call")
-        text, images = _content(item.get("output"), "function_call_output output")
-        self._turn = None
-        self.messages.append(Message("tool", text, images=images, tool_name=name, tool_call_id=call_id))
-
-
-def _messages(body: ResponsesBody) -> list[Message]:
-    items = [{"role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
-    if not isinstance(items, list) or not items:
-        raise BadRequest("input must be a string or a non-empty list of items")
-    reader = _InputReader()
-    for index, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise BadRequest(f"input[{index}] must be an object")
-        try:
-            reader.read(item)
-        except BadRequest as exc:
-            raise BadRequest(f"input[{index}]: {exc}") from None
-    head = [Message("system", body.instructions)] if body.instructions else []
-    return head + reader.messages
-
-
-def _tools(tools: list[dict[str, Any]]) -> list[Tool]:
-    out = []
-    for tool in tools:
-        if tool.get("type") != "function":
-            raise BadRequest(f"tool type {tool.get('type')!r} is not supported: plugd serves function tools only")
-        description, parameters = tool.get("description") or "", tool.get("parameters") or {}
-        if not isinstance(description, str) or not isinstance(parameters, dict):
-            raise BadRequest("a function tool's description must be a string and its parameters a JSON Schema object")
-        out.append(Tool(_string(tool, "name", "a function tool"), description, parameters))
-    return out
-
-
-def _tool_choice(value: Any) -> ToolChoice:
-    if value is None or value in ("none", "auto", "required"):
-        return ToolChoice(value or "auto")
-    if isinstance(value, dict) and value.get("type") == "function":
-        return ToolChoice("named", _string(value, "name", "tool_choice"))
-    kind = value.get("type") if isinstance(value, dict) else value
-    raise BadRequest(f"tool_choice {kind!r} is not supported: use none, auto, required or a function")
 
 
 def _think(reasoning: dict[str, Any] | None) -> Think:
@@ -261,14 +104,14 @@ def _options(body: ResponsesBody) -> dict[str, Any]:
     return {name: value for name, value in given.items() if value is not None}
 
 
-def chat_request(body: ResponsesBody, headers: dict[str, str]) -> ChatRequest:
+def chat_request(body: ResponsesBody, tools: ResponsesTools, headers: dict[str, str]) -> ChatRequest:
     """The pipeline request for a Responses body; a 400 for anything plugd cannot serve as asked."""
     _refuse_unservable(body)
     return ChatRequest(
         model=body.model,
-        messages=_messages(body),
-        tools=_tools(body.tools or []),
-        tool_choice=_tool_choice(body.tool_choice),
+        messages=input_messages(body.input, body.instructions),
+        tools=tools.tools,
+        tool_choice=tool_choice(body.tool_choice),
         parallel_tool_calls=body.parallel_tool_calls is not False,
         think=_think(body.reasoning),
         options=_options(body),
@@ -298,13 +141,20 @@ _TEXT_KINDS = {  # output item type -> its content part type and the stream even
 }
 
 
+_CALL_KINDS = {  # call item type -> the field its text is in, its id prefix, and the stream events of that text
+    "function_call": ("arguments", "fc", "response.function_call_arguments"),
+    "custom_tool_call": ("input", "ctc", "response.custom_tool_call_input"),
+}
+
+
 class ResponseBuilder:
     """The response object as it grows from the pipeline's events, and the stream events that announce each step.
 
     Non-streaming requests use the same builder and keep only `response`.
     """
 
-    def __init__(self, body: ResponsesBody):
+    def __init__(self, body: ResponsesBody, tools: ResponsesTools):
+        self._tools = tools
         self.response: dict[str, Any] = {
             "id": _new_id("resp"),
             "object": "response",
@@ -356,7 +206,7 @@ class ResponseBuilder:
         if delta.content:
             events += self._text("message", delta.content)
         for call in delta.tool_calls:
-            events += self._close("completed") + self._function_call(call)
+            events += self._close("completed") + self._call(call)
         return events
 
     def finish(self, final: Final) -> list[dict[str, Any]]:
@@ -414,17 +264,19 @@ class ResponseBuilder:
                 self._event("response.content_part.done", **where, part=dict(part)),
                 self._event("response.output_item.done", output_index=index, item=copy.deepcopy(item))]
 
-    def _function_call(self, call: ToolCall) -> list[dict[str, Any]]:
-        arguments = json.dumps(call.arguments, ensure_ascii=False)
-        item = {"id": _new_id("fc"), "type": "function_call", "call_id": call.id, "name": call.name,
-                "arguments": arguments, "status": "completed"}
+    def _call(self, call: ToolCall) -> list[dict[str, Any]]:
+        """A function_call item with its arguments events, or a custom_tool_call item with its input events."""
+        item = self._tools.call_item(call)
+        text_field, prefix, events = _CALL_KINDS[item["type"]]
+        item = {"id": _new_id(prefix)} | item | {"status": "completed"}
         self._output.append(item)
         index = len(self._output) - 1
         where = {"item_id": item["id"], "output_index": index}
+        named = {"name": call.name} if item["type"] == "function_call" else {}
         return [self._event("response.output_item.added", output_index=index,
-                            item=item | {"arguments": "", "status": "in_progress"}),
-                self._event("response.function_call_arguments.delta", **where, delta=arguments),
-                self._event("response.function_call_arguments.done", **where, name=call.name, arguments=arguments),
+                            item=item | {text_field: "", "status": "in_progress"}),
+                self._event(f"{events}.delta", **where, delta=item[text_field]),
+                self._event(f"{events}.done", **where, **named, **{text_field: item[text_field]}),
                 self._event("response.output_item.done", output_index=index, item=dict(item))]
 
 
@@ -451,8 +303,9 @@ async def _stream(builder: ResponseBuilder, first: Delta | Final, events: AsyncI
 @post("/v1/responses", status_code=200)
 async def create_response(request: Request) -> Any:
     body = await read_body(request, ResponsesBody)
-    chat = chat_request(body, dict(request.headers))
-    builder = ResponseBuilder(body)
+    tools = ResponsesTools(body.tools)
+    chat = chat_request(body, tools, dict(request.headers))
+    builder = ResponseBuilder(body, tools)
     events = pipeline.run(request.app.state.services, chat)
     first = await anext(events)  # errors before any output become an HTTP error status
     if body.stream:
