@@ -15,14 +15,16 @@ def tokens_of(events) -> list[int]:
 
 def test_num_predict_ends_with_length(engine, complete):
     events, done = complete(engine, PROMPT[:20], num_predict=5)
-    assert len(events) == 5 and done.done_reason == "length"
+    assert len(events) == 5 and done.done_reason == "length" and not done.context_full
     assert (done.prompt_tokens, done.prompt_eval_count, done.eval_count) == (20, 20, 5)
     assert done.prompt_eval_duration_ns > 0 and done.eval_duration_ns > 0
 
 
 def test_a_full_context_ends_with_length(engine, complete):
     events, done = complete(engine, PROMPT[:20], num_predict=-1, num_ctx=26)
-    assert len(events) == 6 and done.done_reason == "length"
+    assert len(events) == 6 and done.done_reason == "length" and done.context_full
+    events, done = complete(engine, PROMPT[:20], num_predict=50, num_ctx=26)
+    assert len(events) == 6 and done.context_full
 
 
 def test_fit_context_keeps_the_head_and_the_most_recent_tokens():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any
 
 import anyio
@@ -16,12 +17,20 @@ from plugd.chat.grammar import grammar_engine, structured
 from plugd.chat.media_prep import MediaPreparer, media_body
 from plugd.chat.models import ResolvedModel, resolve
 from plugd.chat.options import completion_body, resolve_options
-from plugd.chat.request import ChatRequest, Delta, Final, InvalidRequest, ToolChoice, UnparseableOutput
+from plugd.chat.request import (
+    ChatRequest,
+    ContextExceeded,
+    Delta,
+    Final,
+    InvalidRequest,
+    ToolChoice,
+    UnparseableOutput,
+)
 from plugd.conversation import check_conversation
 from plugd.hookspecs import ClientRenderer, ClientRequest, ParsedPiece, Parser, RenderRequest, StreamParser
 from plugd.plugins import Registry
 from plugd.scheduler.durations import parse_keep_alive
-from plugd.scheduler.runner_client import RunnerProcess
+from plugd.scheduler.runner_client import RunnerProcess, RunnerRejected
 from plugd.scheduler.scheduler import Scheduler
 from plugd.settings import client_renderer_names
 from plugd.store.names import ModelName
@@ -101,11 +110,14 @@ async def _fitted_prompt(render: RenderFunction, model: ResolvedModel, request: 
                          num_ctx: int, preparer: MediaPreparer) -> Prompt:
     """The rendered conversation, dropping its oldest turns (never system ones, never the last) until it fits num_ctx.
 
-    An assistant turn goes together with the tool results that answer it (and a turn with its images).
+    An assistant turn goes together with the tool results that answer it (and a turn with its images). A request
+    that does not truncate keeps every turn: the runner refuses the prompt if it does not fit.
     """
     messages = _conversation(model, request)
     while True:
         prompt = _render(render, model, request, messages, preparer)
+        if not request.truncates:
+            return prompt
         droppable = [i for i, m in enumerate(messages[:-1]) if m.role not in ("system", "developer", "tool")]
         if not droppable or _surely_fits(prompt, num_ctx) or (
                 len((await runner.post("/tokenize", _tokenize_body(prompt)))["tokens"]) <= num_ctx):
@@ -265,7 +277,8 @@ async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta |
         parser = parser_kind.create(_tools(request), prompt) if parser_kind else _ContentOnly()
         if not request.parallel_tool_calls:
             parser = _FirstCallOnly(parser)
-        body = completion_body(options, request.logprobs, request.top_logprobs) | {"prompt": prompt}
+        body = completion_body(options, request.logprobs, request.top_logprobs) | {
+            "prompt": prompt, "truncate": request.truncates}
         if media:
             body["media"] = media_body(media)
         forced = None
@@ -275,32 +288,51 @@ async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta |
         if forced is not None:  # the call is opened in the prompt; the parser reads it as the model's own
             body["prompt"] += forced.prefix
             _parsed(lambda: parser.feed(forced.prefix))
-        async for event in loaded.runner.completion(body):
-            logprobs = [_logprob(event)] if request.logprobs and "token" in event else []
-            text = event.get("text", "")
-            if event["done"]:
-                closing = forced.suffix if forced is not None and event["done_reason"] == "stop" else None
-                if forced is not None and closing is None:
-                    pieces = []  # the forced call was cut short (num_predict): no call, done_reason says why
-                else:
-                    pieces = _parsed(lambda: parser.feed(text + (closing or "")) + parser.finish())  # noqa: B023
-                if _has_output(pieces):
-                    yield _delta(pieces, [])
-                yield Final(
-                    done_reason=event["done_reason"],
-                    prompt_tokens=event["prompt_tokens"],
-                    prompt_eval_count=event["prompt_eval_count"],
-                    prompt_eval_duration=event["prompt_eval_duration_ns"],
-                    eval_count=event["eval_count"],
-                    eval_duration=event["eval_duration_ns"],
-                    load_duration=load_duration,
-                    total_duration=time.perf_counter_ns() - started,
-                    stop_sequence=event.get("stop_sequence"),
-                )
-                return
-            pieces = _parsed(lambda: parser.feed(text))  # noqa: B023
-            if logprobs or _has_output(pieces):
-                yield _delta(pieces, logprobs)
+        async with aclosing(_runner_events(loaded.runner, body, options.num_ctx)) as events:
+            async for event in events:
+                logprobs = [_logprob(event)] if request.logprobs and "token" in event else []
+                text = event.get("text", "")
+                if event["done"]:
+                    closing = forced.suffix if forced is not None and event["done_reason"] == "stop" else None
+                    if forced is not None and closing is None:
+                        pieces = []  # the forced call was cut short (num_predict): no call, done_reason says why
+                    else:
+                        pieces = _parsed(lambda: parser.feed(text + (closing or "")) + parser.finish())  # noqa: B023
+                    if _has_output(pieces):
+                        yield _delta(pieces, [])
+                    yield _final(event, load_duration, time.perf_counter_ns() - started)
+                    return
+                pieces = _parsed(lambda: parser.feed(text))  # noqa: B023
+                if logprobs or _has_output(pieces):
+                    yield _delta(pieces, logprobs)
+
+
+async def _runner_events(runner: RunnerProcess, body: dict[str, Any], num_ctx: int) -> AsyncIterator[dict[str, Any]]:
+    """The runner's completion events; a prompt it refuses as longer than the context raises ContextExceeded."""
+    try:
+        async with aclosing(runner.completion(body)) as events:
+            async for event in events:
+                yield event
+    except RunnerRejected as exc:
+        if exc.details.get("kind") != "context_exceeded":
+            raise
+        raise ContextExceeded(exc.details["prompt_tokens"], exc.details["limit"], num_ctx) from None
+
+
+def _final(event: dict[str, Any], load_duration: int, total_duration: int) -> Final:
+    """The pipeline's final event for the runner's last one."""
+    return Final(
+        done_reason=event["done_reason"],
+        prompt_tokens=event["prompt_tokens"],
+        prompt_eval_count=event["prompt_eval_count"],
+        prompt_eval_duration=event["prompt_eval_duration_ns"],
+        eval_count=event["eval_count"],
+        eval_duration=event["eval_duration_ns"],
+        load_duration=load_duration,
+        total_duration=total_duration,
+        stop_sequence=event.get("stop_sequence"),
+        context_full=event["context_full"],
+    )
 
 
 async def drain(first: Delta | Final, events: AsyncIterator[Delta | Final], feed: Callable[[Delta], object]) -> Final:
@@ -343,5 +375,5 @@ def enabled_client_renderers(registry: Registry) -> list[ClientRenderer]:
     return [available[name] for name in client_renderer_names() if name in available]
 
 
-__all__ = ["ChatRequest", "Delta", "Final", "InvalidRequest", "Services", "ToolChoice", "UnparseableOutput",
-           "collect", "count_tokens", "render_only", "run"]
+__all__ = ["ChatRequest", "ContextExceeded", "Delta", "Final", "InvalidRequest", "Services", "ToolChoice",
+           "UnparseableOutput", "collect", "count_tokens", "render_only", "run"]

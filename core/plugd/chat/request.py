@@ -13,6 +13,17 @@ class InvalidRequest(ValueError):
     """The request cannot be served as asked (a 400 in every dialect)."""
 
 
+class ContextExceeded(InvalidRequest):
+    """The prompt does not fit the context, in a dialect that refuses it rather than truncates it (a 400 that each
+    dialect words as its API does)."""
+
+    def __init__(self, prompt_tokens: int, limit: int, context_length: int):
+        super().__init__(f"the prompt is {prompt_tokens} tokens; a context of {context_length} holds {limit}")
+        self.prompt_tokens = prompt_tokens
+        self.limit = limit  # the most prompt tokens the context holds: one place is left for the output
+        self.context_length = context_length
+
+
 class UnparseableOutput(RuntimeError):
     """The model's output does not follow its family's format; the generation was stopped."""
 
@@ -45,6 +56,12 @@ class ChatRequest:
     dialect: Literal["ollama", "openai", "anthropic"] = "ollama"
     headers: dict[str, str] = field(factory=dict)
 
+    @property
+    def truncates(self) -> bool:
+        """Whether a prompt over num_ctx is cut to fit, as Ollama cuts it (its oldest turns dropped, then its tokens),
+        rather than refused with ContextExceeded, as the OpenAI and Anthropic APIs refuse it."""
+        return self.dialect == "ollama"
+
 
 @define
 class Delta:
@@ -67,6 +84,7 @@ class Final:
     load_duration: int = 0
     total_duration: int = 0
     stop_sequence: str | None = None  # the stop string that ended the output, when one did
+    context_full: bool = False  # done_reason "length" because prompt and output filled num_ctx, not num_predict
 
     @property
     def cached_tokens(self) -> int:

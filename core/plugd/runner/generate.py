@@ -71,6 +71,12 @@ class DoneEvent:
     eval_duration_ns: int
     text: str = ""  # text still held when generation ended
     stop_sequence: str | None = None  # the stop string that ended it, if one did
+    context_full: bool = False  # "length" because prompt and output filled num_ctx, not because num_predict ran out
+
+
+def prompt_limit(num_ctx: int) -> int:
+    """The most prompt tokens a context of `num_ctx` holds: one place is left for a generated token."""
+    return max(num_ctx - 1, 1)
 
 
 def fit_context(tokens: Sequence[int], num_ctx: int, num_keep: int) -> list[int]:
@@ -81,7 +87,7 @@ def fit_context(tokens: Sequence[int], num_ctx: int, num_keep: int) -> list[int]
 
 def fit_prompt(tokens: Sequence[int], keys: Sequence[int], num_ctx: int, num_keep: int) -> tuple[list[int], list[int]]:
     """`fit_context` for tokens and their cache keys together; an image is kept whole or dropped whole."""
-    limit = max(num_ctx - 1, 1)
+    limit = prompt_limit(num_ctx)
     if len(tokens) <= limit:
         return list(tokens), list(keys)
     keep = min(max(num_keep, 0), limit - 1)
@@ -122,6 +128,7 @@ class _Tally:
     first_token_ns: int | None = None
     prompt_eval_count: int = 0
     eval_count: int = 0
+    fills_context: bool = False  # the generation's budget is the room num_ctx leaves, not a smaller num_predict
 
     def done(self, reason: str, text: str = "", stop_sequence: str | None = None) -> DoneEvent:
         now = time.perf_counter_ns()
@@ -135,6 +142,7 @@ class _Tally:
             eval_duration_ns=now - prompt_end,
             text=text,
             stop_sequence=stop_sequence,
+            context_full=reason == "length" and self.fills_context,
         )
 
 
@@ -186,6 +194,7 @@ class Engine:
             return
         room = request.num_ctx - len(prompt.tokens)
         budget = room if request.num_predict < 0 else min(request.num_predict, room)
+        tally.fills_context = budget == room
         if budget <= 0:
             yield tally.done("length")
             return

@@ -4,6 +4,9 @@ Routes: GET /status (memory figures), POST /completion (NDJSON events),
 POST /tokenize, POST /detokenize. All MLX work runs on one dedicated thread,
 since MLX streams are thread-local; completions queue behind each other there.
 
+A completion with "truncate": false is refused with status 400 (kind "context_exceeded") when its prompt does
+not fit num_ctx, instead of being truncated.
+
 A completion with a "grammar" starts its prefill and its grammar's compilation
 together; a grammar that cannot be enforced is answered with status 400 before
 any output, and the prefill it started stays in the cache for the next request.
@@ -38,7 +41,7 @@ from plugd import plugins
 from plugd.cache_policies import chosen_policy
 from plugd.runner.cache_policy import make_policy
 from plugd.runner.errors import CHECKPOINT_REFUSED, CheckpointError
-from plugd.runner.generate import CompletionRequest, DoneEvent, Engine, TokenEvent
+from plugd.runner.generate import CompletionRequest, DoneEvent, Engine, TokenEvent, prompt_limit
 from plugd.runner.grammar import GrammarRefused, Grammars, GrammarSpec, GrammarVocabulary, TokenMaskFactory
 from plugd.runner.loading import load_model
 from plugd.runner.media import EncodedPrompt, encode
@@ -179,12 +182,17 @@ async def completion(request: Request) -> Response[Any] | Stream:
     text = data.pop("prompt", None)
     media = data.pop("media", [])
     grammar_data = data.pop("grammar", None)
+    truncate = data.pop("truncate", True)
     body = structure({"tokens": []} | data, CompletionRequest)
     host = _host(request)
     try:
         prompt = None if text is None else await asyncio.to_thread(host.encode, text, media)
     except ValueError as exc:
         return _rejection(str(exc), "media")
+    prompt_tokens = len(body.tokens if prompt is None else prompt.tokens)
+    if not truncate and prompt_tokens > (limit := prompt_limit(body.num_ctx)):
+        return _rejection(f"the prompt is {prompt_tokens} tokens; a context of {body.num_ctx} holds {limit}",
+                          "context_exceeded", prompt_tokens=prompt_tokens, limit=limit)
     try:
         grammar = None if grammar_data is None else host.grammars.compile(GrammarSpec.parse(grammar_data))
     except GrammarRefused as exc:
@@ -206,8 +214,8 @@ def _refusal(exc: GrammarRefused) -> Response[Any]:
     return _rejection(str(exc), "grammar_refused")
 
 
-def _rejection(message: str, kind: str) -> Response[Any]:
-    return Response({"error": message, "kind": kind}, status_code=400)
+def _rejection(message: str, kind: str, **details: Any) -> Response[Any]:
+    return Response({"error": message, "kind": kind} | details, status_code=400)
 
 
 @post("/tokenize", status_code=200)

@@ -31,7 +31,23 @@ class UnloadableModel(RunnerError):
 
 
 class RunnerRejected(RunnerError):
-    """The runner refused the request as given (HTTP 400): a format it cannot enforce, say."""
+    """The runner refused the request as given (HTTP 400): a format it cannot enforce, say.
+
+    `details` is the runner's answer: its "kind" of refusal and what goes with it (a prompt over the context
+    is kind "context_exceeded", with "prompt_tokens" and "limit").
+    """
+
+    def __init__(self, details: dict[str, Any]):
+        super().__init__(details.get("error", "the runner refused the request"))
+        self.details = details
+
+    @classmethod
+    def of(cls, response: httpx.Response) -> RunnerRejected:
+        try:
+            details = response.json()
+        except ValueError:
+            details = {"error": response.text}
+        return cls(details if isinstance(details, dict) else {"error": response.text})
 
 
 def runner_env() -> dict[str, str]:
@@ -133,9 +149,10 @@ class RunnerProcess:
             response = await self.http.post(path, json=body)
         except httpx.TransportError:
             raise RunnerError(self.failure() if self.process.returncode is not None else "runner unreachable") from None
+        if response.status_code == 400:
+            raise RunnerRejected.of(response)
         if response.is_error:
-            error = RunnerRejected if response.status_code == 400 else RunnerError
-            raise error(response.json().get("error", response.text))
+            raise RunnerError(response.json().get("error", response.text))
         return response.json()
 
     async def status(self) -> dict[str, Any]:
@@ -147,7 +164,7 @@ class RunnerProcess:
             async with self.http.stream("POST", "/completion", json=body) as response:
                 if response.status_code == 400:
                     await response.aread()
-                    raise RunnerRejected(response.json().get("error", response.text))
+                    raise RunnerRejected.of(response)
                 async for line in response.aiter_lines():
                     if line:
                         event = json.loads(line)

@@ -102,7 +102,7 @@ def usage(final: Final | None) -> dict[str, int]:
 
 def stop_reason(final: Final, blocks: ContentBlocks) -> str:
     if final.done_reason == "length":
-        return "max_tokens"
+        return "model_context_window_exceeded" if final.context_full else "max_tokens"
     if final.stop_sequence is not None:
         return "stop_sequence"
     return "tool_use" if blocks.has_tool_use() else "end_turn"

@@ -10,14 +10,14 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
 from plugd.chat.models import UnsupportedModel
-from plugd.chat.pipeline import InvalidRequest, Services, UnparseableOutput
+from plugd.chat.pipeline import ContextExceeded, InvalidRequest, Services, UnparseableOutput
 from plugd.plugins import Registry
 from plugd.scheduler.runner_client import RunnerRejected, UnloadableModel
 from plugd.scheduler.scheduler import QueueFull, Scheduler
 from plugd.server import anthropic, ollama, ollama_generate, ollama_registry, openai, openai_responses
 from plugd.server.bodies import BadRequest
 from plugd.server.cors import cors_config
-from plugd.server.errors import error_body
+from plugd.server.errors import context_exceeded_body, error_body
 from plugd.store.blobs import DigestMismatch, InvalidDigest
 from plugd.store.create import CreateError
 from plugd.store.model_files import MalformedModelFile
@@ -49,6 +49,8 @@ _STATUS = {
 
 
 def _error_response(request: Request, exc: Exception) -> Response[Any]:
+    if isinstance(exc, ContextExceeded):
+        return Response(context_exceeded_body(request.url.path, exc), status_code=400)
     if isinstance(exc, HTTPException):
         status, message = exc.status_code, exc.detail
     else:

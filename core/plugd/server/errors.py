@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from plugd.chat.request import ContextExceeded
+
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                  404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error",
                  503: "server_overloaded_error"}
@@ -28,3 +30,24 @@ def error_body(path: str, status: int, message: str) -> dict[str, Any]:
     if dialect == "anthropic":
         return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
     return {"error": message}
+
+
+# What an OpenAI endpoint calls the part of the request that holds the prompt.
+_OPENAI_PROMPT_PARAMS = {"/v1/completions": "prompt", "/v1/responses": "input"}
+
+
+def context_exceeded_body(path: str, exc: ContextExceeded) -> dict[str, Any]:
+    """A prompt over the context, worded as the real API words it, so that clients that parse it react (Claude
+    Code compacts on Anthropic's "prompt is too long"; OpenAI clients read the code context_length_exceeded)."""
+    dialect = dialect_of(path)
+    if dialect == "anthropic":
+        return error_body(path, 400, f"prompt is too long: {exc.prompt_tokens} tokens > {exc.limit} maximum")
+    if dialect == "openai":
+        param = _OPENAI_PROMPT_PARAMS.get(path, "messages")
+        part = "prompt" if param == "prompt" else "messages"
+        message = (f"This model's maximum context length is {exc.context_length} tokens. However, your {part} "
+                   f"resulted in {exc.prompt_tokens} tokens. Please reduce the length of the {part}.")
+        body = error_body(path, 400, message)
+        body["error"] |= {"param": param, "code": "context_length_exceeded"}
+        return body
+    return error_body(path, 400, str(exc))
