@@ -10,6 +10,13 @@ turns user turns made only of reminders into system messages at the same
 place (which families render in place and never count as a query), then
 lets the model's own renderer render the conversation.
 
+Claude Code also opens its system prompt with a block of its own,
+`x-anthropic-billing-header: cc_version=<version>.<hash>; cc_entrypoint=cli; ...`,
+whose hash changes with the session's first user message. Left in, it is the
+first thing in the prompt and no two sessions share a cached token past it;
+the renderer leaves it out (it is addressed to Anthropic's billing, not to the
+model), so every session reuses the cached system prompt and tools.
+
 Enable it with PLUGD_CLIENT_RENDERERS=claude-code.
 """
 
@@ -26,6 +33,8 @@ from plugd.types import Message
 PLUGD_API = "1.0"  # the plugd plugin API this plugin is built for
 
 _REMINDERS_ONLY = re.compile(r"\s*(<system-reminder>.*?</system-reminder>\s*)+", re.DOTALL)
+# The billing block's line and the blank line that joins it to the next system block.
+_BILLING_HEADER = re.compile(r"^x-anthropic-billing-header:[^\n]*(?:\n\n?|\Z)", re.MULTILINE)
 
 
 def is_claude_code(request: ClientRequest) -> bool:
@@ -47,8 +56,22 @@ def with_reminders_in_place(messages: list[Message]) -> list[Message]:
     ]
 
 
+def without_billing_header(messages: list[Message]) -> list[Message]:
+    """The conversation with Claude Code's billing-header line taken out of the system messages (and a system
+    message left empty by it dropped)."""
+    out = []
+    for message in messages:
+        if message.role == "system" and _BILLING_HEADER.search(message.content):
+            message = attrs.evolve(message, content=_BILLING_HEADER.sub("", message.content))
+            if not message.content.strip() and not message.images:
+                continue
+        out.append(message)
+    return out
+
+
 def render(request: RenderRequest, model_render: Callable[[RenderRequest], Prompt]) -> Prompt:
-    return model_render(attrs.evolve(request, messages=with_reminders_in_place(list(request.messages))))
+    messages = with_reminders_in_place(without_billing_header(list(request.messages)))
+    return model_render(attrs.evolve(request, messages=messages))
 
 
 @hookimpl

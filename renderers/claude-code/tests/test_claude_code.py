@@ -12,7 +12,7 @@ from plugd.hookspecs import ClientRequest, ModelFiles
 from plugd.testing.checkpoints import write_checkpoint
 from plugd.testing.server import LiveServer
 from plugd.types import Message
-from plugd_claude_code import is_claude_code, with_reminders_in_place
+from plugd_claude_code import is_claude_code, with_reminders_in_place, without_billing_header
 
 REFERENCE = Path(__file__).resolve().parents[3] / "tests" / "reference" / "chat_templates"
 CLAUDE_CODE = {"user-agent": "claude-cli/2.0.14 (external, cli)", "x-app": "cli"}
@@ -75,6 +75,14 @@ def test_only_reminder_turns_after_the_first_user_turn_become_system_messages():
                 Message("user", "A real question " + reminder), Message("user", f"{reminder}\n\n{reminder}")]
     roles = [m.role for m in with_reminders_in_place(messages)]
     assert roles == ["user", "assistant", "system", "user", "system"]
+
+
+def test_the_billing_header_leaves_the_system_prompt_and_nothing_else():
+    header = "x-anthropic-billing-header: cc_version=2.1.197.a41; cc_entrypoint=cli; cch=00000;"
+    messages = [Message("system", f"{header}\n\nYou are Claude Code."), Message("system", header),
+                Message("user", header)]
+    assert [(m.role, m.content) for m in without_billing_header(messages)] == [
+        ("system", "You are Claude Code."), ("user", header)]
 
 
 @pytest.fixture(scope="module")
@@ -169,3 +177,37 @@ def test_a_claude_code_session_over_the_messages_api_reuses_every_previous_promp
         assert reused >= previous_total
     without = session({"user-agent": "Anthropic/Python"})
     assert without[2][1] < without[1][0], "a reminder rewrote the history, so the runner could not reuse it"
+
+
+# Claude Code's requests as its 2.1.197 build writes them (texts ours): the system prompt's first block is the
+# billing header, whose version hash follows the session's first user message; its own prompt and its tools follow.
+CLAUDE_CODE_PROMPT = "You are Claude Code, Anthropic's official CLI for Claude.\n" + "\n".join(
+    f"- Rule {i}: prefer small, tested changes to file number {i} of the repository." for i in range(60))
+CLAUDE_CODE_TOOLS = [
+    {"name": name, "description": f"{name} a file or a command. " * 8, "input_schema": {
+        "$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "additionalProperties": False,
+        "properties": {"path": {"type": "string", "description": "An absolute path."}}, "required": ["path"]}}
+    for name in ("Bash", "Glob", "Grep", "Read", "Edit", "Write")]
+
+
+def _claude_code_request(first_message: str, version_hash: str) -> dict:
+    billing = f"x-anthropic-billing-header: cc_version=2.1.197.{version_hash}; cc_entrypoint=cli; cch=00000;"
+    return {"model": "coder", "max_tokens": 1, "tools": CLAUDE_CODE_TOOLS, "metadata": {"user_id": "user_1_session_2"},
+            "system": [{"type": "text", "text": billing},
+                       {"type": "text", "text": CLAUDE_CODE_PROMPT, "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": first_message, "cache_control": {"type": "ephemeral"}}]}]}
+
+
+@pytest.mark.parametrize(("headers", "shared"), [(CLAUDE_CODE, "most"), ({"user-agent": "Anthropic/Python"}, "little")])
+def test_two_sessions_share_the_cached_system_prompt_and_tools(server, headers, shared):
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0,
+                                 default_headers=headers | {"anthropic-beta": "claude-code-20250219"})
+    server.cli("stop", "coder")  # a fresh runner: what it reuses can only come from these two sessions
+    client.messages.create(**_claude_code_request("Fix the failing test in calc.py.", "a41"))
+    second = client.messages.create(**_claude_code_request("Explain what utils.py does.", "7fe")).usage
+    cached = second.cache_read_input_tokens / (second.input_tokens + second.cache_read_input_tokens)
+    if shared == "most":
+        assert cached > 0.9, f"only {cached:.0%} of the second session's prompt was reused"
+    else:  # without the plugin the billing header, first in the prompt, differs: hardly anything is shared
+        assert cached < 0.1, f"{cached:.0%} of the second session's prompt was reused"
