@@ -16,13 +16,12 @@ import attrs
 from plugd import __version__, plugins
 from plugd.client import DaemonClient, DaemonError
 from plugd.settings import environment_help
+from plugd.store.model_files import MODEL_FILE_SUFFIXES
 from plugd.store.modelfile import ModelfileError, parse_modelfile
 from plugd.store.names import ModelName
 from plugd.store.quantize import LEVELS as QUANTIZE_LEVELS
 from plugd.store.quantize import QuantizeError, bits_for
 
-# Files of a Hugging Face model directory that `create` uploads; weights in other formats are skipped.
-MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".jinja", ".txt", ".model", ".tiktoken")
 INSECURE_HELP = "allow plain http and private addresses (an https session never goes to plain http)"
 
 

@@ -9,9 +9,8 @@ from typing import Any
 from attrs import define
 
 from plugd.registry.errors import RegistryError, UnsupportedFormat
+from plugd.store.model_files import MODEL_FILE_SUFFIXES
 
-# What `plugd create --from DIR` uploads (plugd.cli.MODEL_FILE_SUFFIXES): the same files make the same model.
-MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".jinja", ".txt", ".model", ".tiktoken")
 PICKLED_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt")
 INDEX = "model.safetensors.index.json"
 

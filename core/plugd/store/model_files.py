@@ -7,6 +7,10 @@ from typing import Any
 from plugd.store.manifests import Layer
 from plugd.store.store import Store
 
+# The files of a Hugging Face model directory that make a model (`plugd create --from DIR` uploads them, a Hub pull
+# fetches them); weights in other formats are left out.
+MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".jinja", ".txt", ".model", ".tiktoken")
+
 
 class MalformedModelFile(ValueError):
     pass
