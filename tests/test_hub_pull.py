@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -17,11 +18,13 @@ import ollama
 import pytest
 from mlx_lm import convert
 
-from plugd.hub.files import MODEL_FILE_SUFFIXES, HubFile
+from plugd.hub.files import HubFile
+from plugd.hub.follow import Follower
 from plugd.hub.importing import import_cached
 from plugd.hub.testing import HubServer
 from plugd.registry.errors import BlobCorrupt
 from plugd.store.blobs import BlobStore
+from plugd.store.model_files import MODEL_FILE_SUFFIXES
 from plugd.testing.checkpoints import write_checkpoint
 from plugd.testing.server import LiveServer
 
@@ -283,3 +286,47 @@ def test_a_cached_file_that_is_not_what_the_hub_lists_is_refused(tmp_path):
     with pytest.raises(BlobCorrupt, match="is not what the Hub lists"):
         import_cached(blobs, path, file)
     assert blobs.digests() == set()
+
+
+def write_as_huggingface_hub_does(blobs_dir: Path, data: bytes, sha: str, rewrite: bytes | None = None) -> Path:
+    """A download into `<sha256>.<id>.incomplete` in chunks, renamed into the cache's `blobs/<sha256>` at the end;
+    `rewrite` replaces its first bytes once all are written (as a download that starts over would)."""
+    partial = blobs_dir / f"{sha}.0a1b2c3d.incomplete"
+    with partial.open("wb") as f:
+        for start in range(0, len(data), 1 << 16):
+            f.write(data[start:start + (1 << 16)])
+            f.flush()
+            time.sleep(0.002)
+        if rewrite is not None:
+            f.seek(0)
+            f.write(rewrite)
+    time.sleep(0.1)  # the follower has read every byte before the rename
+    return partial.rename(blobs_dir / sha)
+
+
+def test_a_file_is_hashed_as_it_downloads(tmp_path):
+    data = os.urandom(3 << 20)
+    sha = hashlib.sha256(data).hexdigest()
+    with Follower(tmp_path, sha) as follower:
+        final = write_as_huggingface_hub_does(tmp_path, data, sha)
+        assert follower.offset == len(data)  # read behind the writer, not after it
+        assert follower.digest(final) == sha
+
+
+def test_a_file_the_follower_did_not_see_is_hashed_after_its_download(tmp_path):
+    blobs = BlobStore(tmp_path / "blobs")
+    path, file = cached_file(tmp_path, b"weights" * 1000)
+    with Follower(tmp_path / "elsewhere", file.sha256) as follower:
+        assert follower.digest(path) is None
+        assert import_cached(blobs, path, file, follower) == f"sha256:{file.sha256}"
+
+
+def test_bytes_rewritten_behind_the_follower_are_hashed_again_not_refused(tmp_path):
+    data = os.urandom(1 << 20)
+    sha = hashlib.sha256(data).hexdigest()
+    blobs = BlobStore(tmp_path / "store")
+    with Follower(tmp_path, sha) as follower:
+        final = write_as_huggingface_hub_does(tmp_path, b"\0" * 4096 + data[4096:], sha, rewrite=data[:4096])
+        assert follower.digest(final) != sha
+        file = HubFile("model.safetensors", len(data), "0" * 40, sha)
+        assert import_cached(blobs, final, file, follower) == f"sha256:{sha}"

@@ -10,15 +10,19 @@ pull are pruned as any others.
 from __future__ import annotations
 
 import threading
+from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 from huggingface_hub import HfApi, constants
+from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.hf_api import RepoFile
 
 from plugd import __version__
 from plugd.hub.download import download
 from plugd.hub.errors import hub_errors
 from plugd.hub.files import INDEX, HubFile, model_files, weights_to_fetch
+from plugd.hub.follow import Follower
 from plugd.hub.importing import import_cached
 from plugd.hub.reference import HubReference
 from plugd.plugins import Registry
@@ -60,9 +64,13 @@ def _fetch(store: Store, ref: HubReference, commit: str, files: list[HubFile], p
     """Download `files` side by side, each made a blob as soon as it is in; returns their digests by path."""
     digests: dict[str, str] = {}
 
+    blobs_dir = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=ref.repo_id, repo_type="model") / "blobs"
+
     def fetch(file: HubFile) -> None:
-        path = download(ref.repo_id, commit, file, progress, cancel)
-        digests[file.path] = import_cached(store.blobs, path, file)
+        with ExitStack() as stack:
+            follower = stack.enter_context(Follower(blobs_dir, file.sha256)) if file.sha256 else None
+            path = download(ref.repo_id, commit, file, progress, cancel)
+            digests[file.path] = import_cached(store.blobs, path, file, follower)
 
     run_all([lambda file=file: fetch(file) for file in files], FILES_AT_ONCE, cancel, "plugd-hub")
     return digests

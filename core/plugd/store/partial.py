@@ -13,15 +13,12 @@ nothing holds, are removed by `remove_stale`.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import fcntl
 import hashlib
 import json
 import logging
 import os
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,7 +27,7 @@ from pathlib import Path
 
 from attrs import define
 
-from plugd.store.blobs import DIGEST, BlobStore, fsync_dir, parse_digest, write_atomically
+from plugd.store.blobs import DIGEST, BlobStore, fsync_dir, parse_digest, start_writeback, write_atomically
 from plugd.store.manifests import MalformedManifest, Manifest
 
 log = logging.getLogger(__name__)
@@ -138,8 +135,7 @@ class PartialBlob:
 
     def start_writeback(self, offset: int, length: int) -> None:
         """Ask the kernel to start writing this range to disk now, so the fsync at the end has little left to do."""
-        if _sync_file_range is not None and length > 0:
-            _sync_file_range(self.fd, offset, length, _SYNC_FILE_RANGE_WRITE)
+        start_writeback(self.fd, offset, length)
 
     def publish(self) -> Path:
         """Move the (verified) download into the store, durably."""
@@ -284,17 +280,3 @@ def _open_direct(path: Path) -> int:
 def is_disk_full(exc: OSError) -> bool:
     return exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
-
-_SYNC_FILE_RANGE_WRITE = 2
-
-
-def _load_sync_file_range():
-    if not sys.platform.startswith("linux"):
-        return None
-    function = getattr(ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True), "sync_file_range", None)
-    if function is not None:
-        function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    return function
-
-
-_sync_file_range = _load_sync_file_range()
