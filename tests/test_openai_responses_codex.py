@@ -186,3 +186,17 @@ def test_codex_round_trip_with_a_namespaced_tool(agent_server):
     ]
     answered = _create(agent, model="agent", input=question + sent_back, tools=tools)[-1].response
     assert answered.status == "completed" and answered.output_text == scenario.WEATHER_ANSWER
+
+
+def test_a_call_cut_short_comes_back_as_the_text_written_not_as_a_failed_response(agent_server):
+    """A call the model left unfinished (cut here by max_output_tokens) is content, in a response that did not fail:
+    a failed response with a server_error is what Codex resends, five times."""
+    agent = openai.OpenAI(base_url=f"{agent_server.url}/v1", api_key="plugd", max_retries=0)
+    question = [_message("user", scenario.WEATHER_QUESTION, "msg_1")]
+    whole = _create(agent, model="agent", input=question, tools=[WEATHER_NAMESPACE])[-1].response
+    cut = _create(agent, model="agent", input=question, tools=[WEATHER_NAMESPACE],
+                  max_output_tokens=whole.usage.output_tokens - 2)[-1]
+    assert cut.type == "response.incomplete" and cut.response.error is None
+    reasoning, message = cut.response.output
+    assert message.type == "message" and message.content[0].text.startswith('<tool_call>\n{"name": "get_weather"')
+    assert reasoning.content[0].text == scenario.WEATHER_CALL_THINKING

@@ -3,19 +3,37 @@
 A family's parser is a small state machine over the events a TagSplitter
 yields (text runs and whole tags); it never has to think about a tag arriving
 split across two decoded pieces.
+
+A tool call the model writes badly (unclosed, arguments that are not JSON, a
+tool not offered) is passed on as the text the model wrote, as content, with a
+warning in the log (`unreadable_call`): the agent shows it and the
+conversation goes on. Failing the response instead would have agents resend
+the same request (Codex retries a failed response five times), and a greedy
+model writes the same call again.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from attrs import define
 
+from plugd.hookspecs import ParsedPiece
+
+log = logging.getLogger(__name__)
+
 
 class ParseError(ValueError):
     """The model's output does not follow its family's format (an unclosed call, arguments that are not JSON...)."""
+
+
+def unreadable_call(written: str, error: ParseError) -> ParsedPiece:
+    """A tool call that could not be read, as content: exactly the text the model wrote, tags included."""
+    log.warning("a tool call the model wrote could not be read (%s); it is passed on as content", error)
+    return ParsedPiece("content", written)
 
 
 @define(frozen=True)

@@ -6,7 +6,9 @@ ends its turn with `<turn|>`, or with `<|tool_response>` when it waits for the
 results of its calls; anything after either is not part of its answer.
 Text runs are trimmed at tag boundaries, as the template trims them when it
 writes them back into history. A `<tool_call|>` outside a call (the model
-sometimes repeats it) and a `<channel|>` outside a channel are dropped.
+sometimes repeats it) and a `<channel|>` outside a channel are dropped. A call
+that cannot be read is passed on as the text the model wrote
+(plugd.parsing.unreadable_call).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from plugd.hookspecs import ParsedPiece
-from plugd.parsing import ParseError, Tag, TagSplitter
+from plugd.parsing import ParseError, Tag, TagSplitter, unreadable_call
 from plugd.types import Tool
 from plugd_render_gemma.gemma4_syntax import QUOTE, read_call
 
@@ -54,10 +56,7 @@ class Gemma4Parser:
     def finish(self) -> list[ParsedPiece]:
         pieces = self._events(self._splitter.finish())
         if self._state == "call":
-            try:
-                pieces += self._end_call("done")
-            except ParseError as exc:
-                raise ParseError(f"the output ended inside an unfinished Gemma 4 tool call: {exc}") from None
+            pieces += self._end_call("done", closing="")
         return pieces
 
     def _events(self, events: list[str | Tag]) -> list[ParsedPiece]:
@@ -90,17 +89,23 @@ class Gemma4Parser:
             self._call.append(tag)  # inside a string every tag is text
             return []
         if tag == CLOSE_CALL:
-            return self._end_call("content")
+            return self._end_call("content", closing=tag)
         if tag in END_OF_ANSWER:
-            return self._end_call("done")
-        raise ParseError(f"{tag} inside a Gemma 4 tool call: {''.join(self._call)!r}")
+            return self._end_call("done", closing="")
+        written = OPEN_CALL + "".join(self._call) + tag
+        self._enter("content")
+        return [unreadable_call(written, ParseError(f"{tag} inside a Gemma 4 tool call: {written!r}"))]
 
-    def _end_call(self, after: State) -> list[ParsedPiece]:
-        body = "".join(self._call)
-        if self._in_string:
-            raise ParseError(f"the output ended inside a string of a Gemma 4 tool call: {body!r}")
+    def _end_call(self, after: State, closing: str) -> list[ParsedPiece]:
+        """The call read from what came since its opening tag; the text as written if it cannot be read."""
+        body, in_string = "".join(self._call), self._in_string
         self._enter(after)
-        return [ParsedPiece("tool_call", tool_call=read_call(body))]
+        try:
+            if in_string:
+                raise ParseError(f"the call ended inside a string: {body!r}")
+            return [ParsedPiece("tool_call", tool_call=read_call(body))]
+        except ParseError as exc:
+            return [unreadable_call(OPEN_CALL + body + closing, exc)]
 
     def _enter(self, state: State) -> None:
         self._state = state

@@ -8,9 +8,9 @@ import pytest
 
 from plugd import plugins
 from plugd.hookspecs import ParsedPiece, RenderRequest
-from plugd.parsing import ParseError
 from plugd.types import Message, Tool, ToolCall
 from plugd_render_gemma import GEMMA4_TEMPLATES, gemma4_parser
+from plugd_render_gemma.gemma4_parser import CLOSE_CALL
 
 Q = '<|"|>'
 THINKING_ON = "<bos><|turn>system\n<|think|>\n<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"
@@ -125,15 +125,21 @@ ERRORS = {
 
 
 @pytest.mark.parametrize("case", list(ERRORS))
-def test_unparseable_calls_raise(case):
+def test_unreadable_calls_come_back_as_the_text_written(case, caplog):
     text = ERRORS[case]
+    if case == "a channel inside a call":  # the call is over at the tag: the <tool_call|> after it is a stray closer
+        expected = text.removesuffix(CLOSE_CALL)
+    else:
+        expected = text
     for chunks in ([text], list(text), _splits(text, 7)):
-        with pytest.raises(ParseError):
-            _parse(chunks, THINKING_OFF)
+        assert _parse(chunks, THINKING_OFF) == [("content", expected)]
+    assert "passed on as content" in caplog.text
 
 
-def test_parse_errors_are_value_errors_the_pipeline_reports():
-    assert issubclass(ParseError, ValueError)
+def test_output_after_an_unreadable_call_is_still_parsed():
+    text = "<|tool_call>call:f{a:}<tool_call|>Then <|tool_call>call:f{a:1}<tool_call|>"
+    assert _parse([text], THINKING_OFF) == [("content", "<|tool_call>call:f{a:}<tool_call|>Then"),
+                                            ("tool_call", "f", {"a": 1}, None)]
 
 
 ARGUMENT_SETS = [

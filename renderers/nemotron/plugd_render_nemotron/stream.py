@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from plugd.hookspecs import ParsedPiece
-from plugd.parsing import ParseError, Tag, TagSplitter
+from plugd.parsing import ParseError, Tag, TagSplitter, unreadable_call
 from plugd.types import ToolCall
 
 THINK_OPEN = "<think>"
@@ -33,7 +33,8 @@ class ThinkingAndCallsParser:
     held back until more text shows it was inside the segment. `<think>`
     opens thinking only where a segment has not begun yet; a tag out of place
     is passed on as text. Call tags are recognised only when tools were
-    offered (`decode` given); an unclosed call block is a ParseError.
+    offered (`decode` given); a call block that is unclosed or cannot be decoded is passed on as the text the
+    model wrote (plugd.parsing.unreadable_call).
     """
 
     def __init__(self, prompt: str, call_open: str, call_close: str, decode: CallDecoder | None):
@@ -51,7 +52,8 @@ class ThinkingAndCallsParser:
     def finish(self) -> list[ParsedPiece]:
         pieces = self._handle(self._splitter.finish())
         if self._state == "call":
-            raise ParseError(f"the output ended inside an unclosed {self._call_open} block")
+            error = ParseError(f"the output ended inside an unclosed {self._call_open} block")
+            pieces.append(unreadable_call(self._call_open + "".join(self._call_body), error))
         return pieces
 
     def _handle(self, events: list[str | Tag]) -> list[ParsedPiece]:
@@ -70,8 +72,11 @@ class ThinkingAndCallsParser:
             self._call_body.append(event.text if isinstance(event, Tag) else event)
             return
         body, self._call_body = "".join(self._call_body), []
-        pieces += [ParsedPiece("tool_call", tool_call=call) for call in self._decode(body)]
         self._begin("content")
+        try:
+            pieces += [ParsedPiece("tool_call", tool_call=call) for call in self._decode(body)]
+        except ParseError as exc:
+            pieces.append(unreadable_call(self._call_open + body + self._call_close, exc))
 
     def _tag(self, tag: str, pieces: list[ParsedPiece]) -> None:
         if tag == THINK_OPEN and not self._segment_started:

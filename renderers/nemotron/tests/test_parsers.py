@@ -7,7 +7,6 @@ import random
 import pytest
 
 from plugd.hookspecs import ModelFiles, ParsedPiece, RenderRequest
-from plugd.parsing import ParseError
 from plugd.types import Message, Tool, ToolCall
 from plugd_render_nemotron import nano3, nano_v2
 from plugd_render_nemotron.parsers import nano3_parser, nano_v2_parser
@@ -116,11 +115,9 @@ def test_call_tags_are_text_when_no_tools_were_offered():
     ("<TOOLCALL>[{\"name\": \"f\", \"arguments\": [1]}]</TOOLCALL>", "arguments of the call to 'f' are not a JSON object"),
     ("<TOOLCALL>[{\"name\": \"f\", \"arguments\": \"{oops\"}]</TOOLCALL>", "arguments of the call to 'f' are not valid"),
 ])
-def test_v2_unparseable_calls(output, error):
-    parser = nano_v2_parser(TOOLS, "")
-    with pytest.raises(ParseError, match=error):
-        parser.feed(output)
-        parser.finish()
+def test_v2_unreadable_calls_come_back_as_the_text_written(output, error, caplog):
+    assert parse(nano_v2_parser, TOOLS, "", [output]) == [("content", output)]
+    assert error in caplog.text and "passed on as content" in caplog.text
 
 
 def test_nano3_calls_typed_by_schema():
@@ -159,11 +156,9 @@ def test_calls_have_no_id():
     ("<tool_call>\n<function=get_weather>\ncity=Paris\n</function>\n</tool_call>", "unexpected text in the call"),
     ("<tool_call><function=get_weather><parameter=city>Paris</function></tool_call>", "unexpected text in the call"),
 ])
-def test_nano3_unparseable_calls(output, error):
-    parser = nano3_parser(TOOLS, "")
-    with pytest.raises(ParseError, match=error):
-        parser.feed(output)
-        parser.finish()
+def test_nano3_unreadable_calls_come_back_as_the_text_written(output, error, caplog):
+    assert parse(nano3_parser, TOOLS, "", [output]) == [("content", output)]
+    assert error in caplog.text
 
 
 def test_thinking_left_open_ends_as_thinking():

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from plugd.hookspecs import ParsedPiece
-from plugd.parsing import ParseError, Tag, TagSplitter
+from plugd.parsing import ParseError, Tag, TagSplitter, unreadable_call
 from plugd.types import Tool, ToolCall
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -58,7 +58,8 @@ class QwenStreamParser:
     def finish(self) -> list[ParsedPiece]:
         pieces = self._handle(self._splitter.finish())
         if self._state == "call":
-            raise ParseError(f"the output ended inside an unclosed tool call: {self._call_body[:200]!r}")
+            error = ParseError(f"the output ended inside an unclosed tool call: {self._call_body[:200]!r}")
+            pieces.append(unreadable_call(CALL_OPEN + self._call_body, error))
         return pieces
 
     def _handle(self, events: list[str | Tag]) -> list[ParsedPiece]:
@@ -74,11 +75,11 @@ class QwenStreamParser:
         if self._state == "call":
             if tag != CALL_CLOSE:
                 return self._text(tag)
-            call = self._read_call(self._call_body, self._tools)
-            if self._tools and call.name not in self._tools:
-                raise ParseError(f"the model called {call.name!r}, which is not among the tools offered")
             self._begin_run("content")
-            return [ParsedPiece("tool_call", tool_call=call)]
+            try:
+                return [ParsedPiece("tool_call", tool_call=self._call())]
+            except ParseError as exc:
+                return [unreadable_call(CALL_OPEN + self._call_body + CALL_CLOSE, exc)]
         if self._state == "start" and tag == THINK_OPEN and not self._run_started:
             self._begin_run("thinking")
         elif self._state == "thinking" and tag == THINK_CLOSE:
@@ -88,6 +89,12 @@ class QwenStreamParser:
         else:
             return self._text(tag)
         return []
+
+    def _call(self) -> ToolCall:
+        call = self._read_call(self._call_body, self._tools)
+        if self._tools and call.name not in self._tools:
+            raise ParseError(f"the model called {call.name!r}, which is not among the tools offered")
+        return call
 
     def _begin_run(self, state: str) -> None:
         self._state, self._run_started, self._held_space = state, False, ""

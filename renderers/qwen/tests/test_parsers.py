@@ -4,7 +4,6 @@ import random
 
 import pytest
 
-from plugd.parsing import ParseError
 from plugd.types import Tool, ToolCall
 from plugd_render_qwen.parsers import PARSERS
 
@@ -134,11 +133,16 @@ def test_an_unfinished_thinking_block_is_not_an_error():
     ('<tool_call>\n{"name": "get_weather", "arguments": [1]}\n</tool_call>', "not a JSON object"),
     ('<tool_call>\n{"name": "get_weather", "arguments": "[1]"}\n</tool_call>', "not a JSON object"),
 ])
-def test_qwen3_unparseable_calls(text, error):
-    parser = PARSER["qwen3"].create([WEATHER], PLAIN_PROMPT)
-    with pytest.raises(ParseError, match=error):
-        parser.feed(text)
-        parser.finish()
+def test_qwen3_unreadable_calls_come_back_as_the_text_written(text, error, caplog):
+    assert parse("qwen3", text, [WEATHER]) == [("content", text)]
+    assert error in caplog.text and "passed on as content" in caplog.text
+
+
+def test_output_after_an_unreadable_call_is_still_parsed():
+    bad = '<tool_call>\n{"name": "get_weather", "arguments": {"city": }\n</tool_call>'
+    good = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert parse("qwen3", [bad[:20], bad[20:] + "\n" + good], [WEATHER]) == [
+        ("content", bad), call("get_weather", city="Paris")]
 
 
 # --- qwen3-coder: XML calls typed by the tool's schema, no thinking
@@ -208,11 +212,9 @@ def test_coder_has_no_thinking():
     ("<tool_call>\n<function=edit>\n<parameter=path>\na\n</function>\n</tool_call>", "unexpected text"),
     ("<tool_call>\n<function=rm>\n</function>\n</tool_call>", "not among the tools"),
 ])
-def test_coder_unparseable_calls(text, error):
-    parser = PARSER["qwen3-coder"].create([EDIT], PLAIN_PROMPT)
-    with pytest.raises(ParseError, match=error):
-        parser.feed(text)
-        parser.finish()
+def test_coder_unreadable_calls_come_back_as_the_text_written(text, error, caplog):
+    assert parse("qwen3-coder", text, [EDIT]) == [("content", text)]
+    assert error in caplog.text
 
 
 # --- qwen3.5: thinking opened by the prompt, then XML calls
