@@ -7,6 +7,7 @@ downloaded again; each refusal is clear and leaves no model behind."""
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -161,6 +162,8 @@ def test_a_revision_is_pinned(daemon, hub, checkpoints):
     branches = hub.repos["Plugd-Test/Tiny-Qwen3"].branches
     info = client.show("hf.co/plugd-test/tiny-qwen3:v2").modelinfo
     assert (info["general.source_revision"], info["general.source_commit"]) == ("v2", branches["v2"])
+    shown = daemon.cli("show", "hf.co/plugd-test/tiny-qwen3:v2", check=True).stdout
+    assert re.search(rf"\n    source +hf\.co/Plugd-Test/Tiny-Qwen3 at {branches['v2']}\n", shown), shown
     files = model_files(daemon, "hf.co/plugd-test/tiny-qwen3:v2")
     assert files["model.safetensors"] == "sha256:" + sha256(checkpoints["v2"] / "model.safetensors")
 

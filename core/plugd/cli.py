@@ -86,6 +86,8 @@ def show_model(model: str, field: str | None = None, verbose: bool = False) -> N
             ["context length", str(model_info.get(f"{family}.context_length", ""))],
             ["embedding length", str(model_info.get(f"{family}.embedding_length", ""))],
             ["quantization", details.get("quantization_level", "")],
+            *([["source", f"{source} at {model_info.get('general.source_commit', '')}"]]
+              if (source := model_info.get("general.source")) else []),
         ]),
         ("Capabilities", [[c] for c in info.get("capabilities", [])]),
         ("Parameters", [line.split(None, 1) for line in info.get("parameters", "").splitlines()]),
