@@ -47,6 +47,8 @@ def context_exceeded_body(path: str, exc: ContextExceeded) -> dict[str, Any]:
         part = "prompt" if param == "prompt" else "messages"
         message = (f"This model's maximum context length is {exc.context_length} tokens. However, your {part} "
                    f"resulted in {exc.prompt_tokens} tokens. Please reduce the length of the {part}.")
+        if param == "input":  # the Responses API words it without the figures
+            message = "Your input exceeds the context window of this model. Please adjust your input and try again."
         body = error_body(path, 400, message)
         body["error"] |= {"param": param, "code": "context_length_exceeded"}
         return body
