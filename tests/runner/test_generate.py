@@ -114,3 +114,13 @@ def test_caches_are_sized_for_the_whole_context_at_once(engine, complete):
     storage = [layer.keys for layer in engine.cache.layers]
     complete(engine, PROMPT[:10] + PROMPT[:20], num_predict=300, num_ctx=1000)
     assert all(layer.keys is kept for layer, kept in zip(engine.cache.layers, storage)), "filling up reallocated"
+
+
+def test_the_prefill_reports_its_start_and_each_chunk(engine, make_request):
+    reported = []
+    list(engine.complete(make_request(PROMPT[:30], num_predict=1), lambda: False, progress=reported.append))
+    assert [(e.prompt_tokens, e.cached_tokens, e.evaluated) for e in reported] == [
+        (30, 0, 0), (30, 0, 8), (30, 0, 16), (30, 0, 24), (30, 0, 29)]  # the last prompt token starts the decode
+    reported.clear()
+    list(engine.complete(make_request(PROMPT[:40], num_predict=1), lambda: False, progress=reported.append))
+    assert [(e.cached_tokens, e.evaluated) for e in reported] == [(30, 0), (30, 8), (30, 9)]

@@ -23,6 +23,7 @@ from plugd.chat.request import (
     Delta,
     Final,
     InvalidRequest,
+    Prefill,
     ToolChoice,
     UnparseableOutput,
 )
@@ -248,8 +249,13 @@ async def count_tokens(services: Services, request: ChatRequest) -> int:
         return len((await loaded.runner.post("/tokenize", _tokenize_body(prompt)))["tokens"])
 
 
-async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta | Final]:
-    """Stream the response to `request`; a request with nothing to generate only loads (or unloads) the model."""
+async def run(services: Services, request: ChatRequest,
+              prefill_events: bool = False) -> AsyncIterator[Prefill | Delta | Final]:
+    """Stream the response to `request`; a request with nothing to generate only loads (or unloads) the model.
+
+    With `prefill_events`, a generation's first event is a Prefill, sent once the runner has the prompt and
+    starts on it, and a Prefill follows each prefill chunk: a stream can open, and keep its client's idle
+    timeout from firing, before the first token. Without, only Deltas and the Final."""
     started = time.perf_counter_ns()
     engine = grammar_engine(services.registry, request)
     prepared = await _prepared(services, request)
@@ -290,6 +296,10 @@ async def run(services: Services, request: ChatRequest) -> AsyncIterator[Delta |
             _parsed(lambda: parser.feed(forced.prefix))
         async with aclosing(_runner_events(loaded.runner, body, options.num_ctx)) as events:
             async for event in events:
+                if "prefill" in event:
+                    if prefill_events:
+                        yield Prefill(**event["prefill"])
+                    continue
                 logprobs = [_logprob(event)] if request.logprobs and "token" in event else []
                 text = event.get("text", "")
                 if event["done"]:
@@ -375,5 +385,5 @@ def enabled_client_renderers(registry: Registry) -> list[ClientRenderer]:
     return [available[name] for name in client_renderer_names() if name in available]
 
 
-__all__ = ["ChatRequest", "ContextExceeded", "Delta", "Final", "InvalidRequest", "Services", "ToolChoice",
+__all__ = ["ChatRequest", "ContextExceeded", "Delta", "Final", "InvalidRequest", "Prefill", "Services", "ToolChoice",
            "UnparseableOutput", "collect", "count_tokens", "render_only", "run"]

@@ -64,6 +64,16 @@ class ChatRequest:
 
 
 @define
+class Prefill:
+    """How far the prompt's prefill is, sent before any output: once as it starts (evaluated 0: a stream's opening
+    events), then after each chunk (a keep-alive while no token comes). Only `run(..., prefill_events=True)`."""
+
+    prompt_tokens: int
+    cached_tokens: int  # read from the prompt cache: restored, not evaluated
+    evaluated: int = 0
+
+
+@define
 class Delta:
     """A piece of the response as it streams."""
 

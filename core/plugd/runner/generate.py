@@ -62,6 +62,18 @@ class TokenEvent:
 
 
 @attrs.define
+class PrefillEvent:
+    """How far the prefill is: reported as it starts (evaluated 0) and after each chunk, before any token comes."""
+
+    prompt_tokens: int  # after truncation
+    cached_tokens: int  # restored from the cache: the prefill does not evaluate them
+    evaluated: int  # prompt tokens evaluated so far
+
+
+Progress = Callable[[PrefillEvent], None]
+
+
+@attrs.define
 class DoneEvent:
     done_reason: str  # "stop" (end-of-sequence or stop string), "length" (num_predict or context full), "cancel"
     prompt_tokens: int  # after truncation
@@ -160,9 +172,10 @@ class Engine:
 
     def complete(
         self, request: CompletionRequest, cancelled: Callable[[], bool], grammar: Callable[[], TokenMask] | None = None,
-        images: Mapping[int, Image.Image] | None = None,
+        images: Mapping[int, Image.Image] | None = None, progress: Progress = lambda event: None,
     ) -> Iterator[TokenEvent | DoneEvent]:
-        """Token events, then one DoneEvent. `cancelled` is polled between prefill chunks and decode steps.
+        """Token events, then one DoneEvent. `cancelled` is polled between prefill chunks and decode steps;
+        `progress` is told where the prefill is as it starts and after each chunk.
 
         `grammar`, for structured output, gives the request's TokenMask; it is called once the prefill is
         done, so that compiling the grammar can overlap the prefill. `images` are the prompt's images by
@@ -174,7 +187,7 @@ class Engine:
         if keys[-1] < 0:
             raise ValueError("a prompt must not end with an image")
         try:
-            yield from self._complete(_Prompt(prompt, keys, images or {}), request, cancelled, grammar)
+            yield from self._complete(_Prompt(prompt, keys, images or {}), request, cancelled, grammar, progress)
         except GrammarRefused:
             raise  # refused between prefill and decode: the caches are whole
         except Exception:
@@ -185,11 +198,11 @@ class Engine:
 
     def _complete(
         self, prompt: _Prompt, request: CompletionRequest, cancelled: Callable[[], bool],
-        grammar: Callable[[], TokenMask] | None,
+        grammar: Callable[[], TokenMask] | None, progress: Progress,
     ):
         tally = _Tally(len(prompt.tokens))
         self.cache.reserve(request.num_ctx)
-        if not self._prefill(prompt, tally, cancelled):
+        if not self._prefill(prompt, tally, cancelled, progress):
             yield tally.done("cancel")
             return
         room = request.num_ctx - len(prompt.tokens)
@@ -201,7 +214,7 @@ class Engine:
         mask = grammar() if grammar is not None else None
         yield from self._decode(prompt.tokens, request, budget, tally, cancelled, mask)
 
-    def _prefill(self, prompt: _Prompt, tally: _Tally, cancelled: Callable[[], bool]) -> bool:
+    def _prefill(self, prompt: _Prompt, tally: _Tally, cancelled: Callable[[], bool], progress: Progress) -> bool:
         """Bring the caches up to all but the last prompt token, chunk by chunk; False when cancelled.
 
         Chunks also end where the cache policy wants to capture a restore point. Neither ever falls inside
@@ -214,6 +227,8 @@ class Engine:
             start = 0
         embeddings = self._embeddings(prompt, [run for run in runs if run[0] >= start])
         captures = sorted({_before_run(p, runs) for p in self.cache.capture_points(start, end)})
+        cached = start
+        progress(PrefillEvent(len(keys), cached, 0))
         while start < end:
             if cancelled():
                 return False
@@ -224,6 +239,7 @@ class Engine:
             tally.prompt_eval_count += stop - start
             self.cache.prefilled()
             start = stop
+            progress(PrefillEvent(len(keys), cached, tally.prompt_eval_count))
         return True
 
     def _embeddings(self, prompt: _Prompt, runs: list[tuple[int, int]]) -> dict[int, mx.array]:

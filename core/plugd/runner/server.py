@@ -1,6 +1,6 @@
 """`plugd runner`: one model, served over HTTP on a Unix socket to the daemon that spawned it.
 
-Routes: GET /status (memory figures), POST /completion (NDJSON events),
+Routes: GET /status (memory figures), POST /completion (NDJSON events: the prefill's progress, tokens, done),
 POST /tokenize, POST /detokenize. All MLX work runs on one dedicated thread,
 since MLX streams are thread-local; completions queue behind each other there.
 
@@ -41,7 +41,7 @@ from plugd import plugins
 from plugd.cache_policies import chosen_policy
 from plugd.runner.cache_policy import make_policy
 from plugd.runner.errors import CHECKPOINT_REFUSED, CheckpointError
-from plugd.runner.generate import CompletionRequest, DoneEvent, Engine, TokenEvent, prompt_limit
+from plugd.runner.generate import CompletionRequest, DoneEvent, Engine, PrefillEvent, TokenEvent, prompt_limit
 from plugd.runner.grammar import GrammarRefused, Grammars, GrammarSpec, GrammarVocabulary, TokenMaskFactory
 from plugd.runner.loading import load_model
 from plugd.runner.media import EncodedPrompt, encode
@@ -83,9 +83,11 @@ class ModelHost:
             "mlx_peak": mx.get_peak_memory(),
         }
 
-    def event_json(self, event: TokenEvent | DoneEvent) -> dict[str, Any]:
+    def event_json(self, event: PrefillEvent | TokenEvent | DoneEvent) -> dict[str, Any]:
         if isinstance(event, DoneEvent):
             return attrs.asdict(event) | {"done": True}
+        if isinstance(event, PrefillEvent):
+            return {"done": False, "prefill": attrs.asdict(event)}
         token_text = self.engine.tokenizer.token_text
         return {
             "done": False,
@@ -120,8 +122,12 @@ class Completion:
             if prompt is not None:
                 request.tokens, request.keys, images = prompt.tokens, prompt.keys, prompt.images
             mask = None if grammar is None else lambda: grammar.result()()
-            for event in self._host.engine.complete(request, self._cancelled.is_set, mask, images):
+
+            def send(event: PrefillEvent | TokenEvent | DoneEvent) -> None:
                 self._loop.call_soon_threadsafe(put, event)
+
+            for event in self._host.engine.complete(request, self._cancelled.is_set, mask, images, send):
+                send(event)
         except GrammarRefused:
             pass  # the request was already answered with the refusal
         except Exception as exc:  # reported to the daemon as an error line

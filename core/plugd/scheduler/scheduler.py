@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 from attrs import define, field
 
 from plugd.cache_policies import chosen_policy
@@ -88,7 +89,7 @@ class Scheduler:
             await entry.slot.acquire()
         except BaseException:
             if entry is not None:
-                await self._release(entry, keep_alive)
+                await self._shielded_release(entry, keep_alive)
             raise
         finally:
             self.waiting -= 1
@@ -96,6 +97,12 @@ class Scheduler:
             yield entry
         finally:
             entry.slot.release()
+            await self._shielded_release(entry, keep_alive)
+
+    async def _shielded_release(self, entry: Loaded, keep_alive: float) -> None:
+        """`_release`, carried through even when the request is being cancelled (its client gone): an unload it
+        starts must finish, and the waiters must hear of it."""
+        with anyio.CancelScope(shield=True):
             await self._release(entry, keep_alive)
 
     def _usable(self, digest: str, num_ctx: int) -> Loaded | None:

@@ -16,6 +16,7 @@ from plugd.server.anthropic_request import (
 )
 from plugd.server.anthropic_response import message_stream, whole_message
 from plugd.server.bodies import read_body
+from plugd.server.disconnect import unless_disconnected
 from plugd.server.sse import SSE, streamed
 
 
@@ -27,11 +28,12 @@ def _headers(request: Request) -> dict[str, str]:
 async def messages(request: Request) -> Any:
     body = await read_body(request, MessagesBody)
     chat = messages_request(body, _headers(request))
-    events = pipeline.run(request.app.state.services, chat)
-    first = await anext(events)  # errors before any output become an HTTP error status
+    events = pipeline.run(request.app.state.services, chat, prefill_events=body.stream)
+    # Errors before the prefill starts become an HTTP error status; a stream opens as it starts.
+    first = await unless_disconnected(request, anext(events))
     if body.stream:
         return streamed(message_stream(body.model, first, events, thinking_hidden(body)), SSE)
-    return Response(await whole_message(body.model, first, events, thinking_hidden(body)))
+    return Response(await unless_disconnected(request, whole_message(body.model, first, events, thinking_hidden(body))))
 
 
 @post("/v1/messages/count_tokens", status_code=200)

@@ -10,7 +10,7 @@ from typing import Any
 
 from attrs import define, field
 
-from plugd.chat.pipeline import Delta, Final, UnparseableOutput, drain
+from plugd.chat.pipeline import Delta, Final, Prefill, UnparseableOutput, drain
 from plugd.scheduler.runner_client import RunnerError
 from plugd.server.errors import error_body
 from plugd.server.sse import sse_event
@@ -90,13 +90,15 @@ def message_id() -> str:
     return f"msg_{secrets.token_hex(12)}"
 
 
-def usage(final: Final | None) -> dict[str, int]:
-    """Anthropic counts input tokens read from its cache apart from those it evaluated; plugd's prefix reuse alike."""
+def usage(counts: Prefill | Final | None) -> dict[str, int]:
+    """Anthropic counts input tokens read from its cache apart from those it evaluated; plugd's prefix reuse alike.
+
+    A stream's message_start has the prompt's counts (from the prefill's start), its message_delta all of them."""
     return {
-        "input_tokens": final.prompt_eval_count if final else 0,
+        "input_tokens": counts.prompt_tokens - counts.cached_tokens if counts else 0,
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": final.cached_tokens if final else 0,
-        "output_tokens": final.eval_count if final else 0,
+        "cache_read_input_tokens": counts.cached_tokens if counts else 0,
+        "output_tokens": counts.eval_count if isinstance(counts, Final) else 0,
     }
 
 
@@ -123,18 +125,24 @@ async def whole_message(model: str, first: Delta | Final, events: AsyncIterator[
     return message(message_id(), model, blocks.content, final, stop_reason(final, blocks))
 
 
-async def message_stream(model: str, first: Delta | Final, events: AsyncIterator[Delta | Final],
+async def message_stream(model: str, first: Prefill | Delta | Final, events: AsyncIterator[Prefill | Delta | Final],
                          hide_thinking: bool) -> AsyncIterator[bytes]:
-    """message_start, each block's start/deltas/stop, message_delta with the stop reason and usage, message_stop."""
+    """message_start (with the prompt's usage when `first` is the prefill's start), a ping for each prefill
+    event (the first follows message_start, as Anthropic's does; the others keep the client's idle timeout from
+    firing during a long prefill), each block's start/deltas/stop, message_delta with the stop reason and usage,
+    message_stop."""
     blocks = ContentBlocks(hide_thinking=hide_thinking)
     event = first
     try:
-        yield sse_event({"type": "message_start", "message": message(message_id(), model, [], None, None)},
-                        event="message_start")
-        yield sse_event({"type": "ping"}, event="ping")
+        start = message(message_id(), model, [], None, None) | {
+            "usage": usage(first if isinstance(first, Prefill) else None)}
+        yield sse_event({"type": "message_start", "message": start}, event="message_start")
         while not isinstance(event, Final):
-            for name, data in blocks.add(event):
-                yield sse_event(data, event=name)
+            if isinstance(event, Prefill):
+                yield sse_event({"type": "ping"}, event="ping")
+            else:
+                for name, data in blocks.add(event):
+                    yield sse_event(data, event=name)
             event = await anext(events)
         for name, data in blocks.close():
             yield sse_event(data, event=name)

@@ -17,6 +17,7 @@ from plugd.scheduler.scheduler import QueueFull, Scheduler
 from plugd.server import anthropic, ollama, ollama_generate, ollama_registry, openai, openai_responses
 from plugd.server.bodies import BadRequest
 from plugd.server.cors import cors_config
+from plugd.server.disconnect import ClientGone
 from plugd.server.errors import context_exceeded_body, error_body
 from plugd.store.blobs import DigestMismatch, InvalidDigest
 from plugd.store.create import CreateError
@@ -43,6 +44,7 @@ _STATUS = {
     UnparseableOutput: 500,
     UnsupportedModel: 400,
     QueueFull: 503,
+    ClientGone: 499,  # nginx's "client closed request": nobody reads it, but the log line says what happened
     CorruptModel: 500,
     MalformedModelFile: 500,
 }
@@ -56,6 +58,8 @@ def _error_response(request: Request, exc: Exception) -> Response[Any]:
     else:
         status = next((code for cls, code in _STATUS.items() if isinstance(exc, cls)), 500)
         message = str(exc) or type(exc).__name__
+    if status == 499:
+        log.info("%s", message)
     if status == 500:
         log.error("%s %s failed: %s", request.method, request.url.path, message, exc_info=exc)
     return Response(error_body(request.url.path, status, message), status_code=status)

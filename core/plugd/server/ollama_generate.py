@@ -16,6 +16,7 @@ from plugd.chat.pipeline import ChatRequest, Delta, Final, UnparseableOutput
 from plugd.media import base64_image
 from plugd.scheduler.runner_client import RunnerError
 from plugd.server.bodies import BadRequest, read_body
+from plugd.server.disconnect import unless_disconnected
 from plugd.server.sse import NDJSON, streamed
 from plugd.types import Media, Message, Think, Tool, ToolCall
 
@@ -158,10 +159,13 @@ async def _respond(request: Request, kind: str, chat: ChatRequest, body: _Genera
         return Response(out | {"_debug_info": {"rendered_template": prompt.text, "image_count": len(prompt.media)}})
     stream = body.stream
     events = pipeline.run(services, chat)
-    first = await anext(events)  # errors before any output become an HTTP error status
+    # As Ollama, nothing is sent before the first token, and errors until then become an HTTP error status; a
+    # client that leaves meanwhile (during a long prefill, say) cancels the request all the same.
+    first = await unless_disconnected(request, anext(events))
     if stream:
         return streamed(_lines(kind, chat.model, first, events), NDJSON)
-    total, event = await pipeline.collect(first, events)  # the runner is released before the response goes out
+    # The runner is released before the response goes out.
+    total, event = await unless_disconnected(request, pipeline.collect(first, events))
     out = _chunk(kind, chat.model, total)
     if not total.logprobs:
         out.pop("logprobs", None)

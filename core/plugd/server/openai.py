@@ -10,29 +10,36 @@ import anyio
 from litestar import Request, Response, get, post
 
 from plugd.chat import pipeline
-from plugd.chat.pipeline import ChatRequest, Delta, Final, UnparseableOutput
+from plugd.chat.pipeline import ChatRequest, Delta, Final, Prefill, UnparseableOutput
 from plugd.scheduler.runner_client import RunnerError
 from plugd.server import openai_request
+from plugd.server.disconnect import unless_disconnected
 from plugd.server.errors import error_body
 from plugd.server.openai_output import ChatWriter, TextWriter, Writer
 from plugd.server.openai_request import ChatBody, CompletionBody
-from plugd.server.sse import SSE, sse_event, streamed
+from plugd.server.sse import SSE, sse_comment, sse_event, streamed
 from plugd.store.names import DEFAULT_NAMESPACE, ModelName
 from plugd.store.store import StoredModel
 
 log = logging.getLogger(__name__)
 
 
-async def _sse(path: str, writer: Writer, first: Delta | Final,
-               events: AsyncIterator[Delta | Final]) -> AsyncIterator[bytes]:
-    """The chunks as server-sent events, ending with [DONE]; a failure mid-stream is written as an error event."""
+async def _sse(path: str, writer: Writer, first: Prefill | Delta | Final,
+               events: AsyncIterator[Prefill | Delta | Final]) -> AsyncIterator[bytes]:
+    """The chunks as server-sent events, ending with [DONE]; a failure mid-stream is written as an error event.
+
+    The opening chunk (chat's role delta) goes out as the prefill starts; each prefill event sends an SSE
+    comment, which clients skip, so that their idle timeouts do not fire during a long prefill."""
     event = first
     try:
         for chunk in writer.opening():
             yield sse_event(chunk)
         while not isinstance(event, Final):
-            for chunk in writer.chunks(event):
-                yield sse_event(chunk)
+            if isinstance(event, Prefill):
+                yield sse_comment("prefill")
+            else:
+                for chunk in writer.chunks(event):
+                    yield sse_event(chunk)
             event = await anext(events)
         for chunk in writer.closing(event):
             yield sse_event(chunk)
@@ -45,11 +52,13 @@ async def _sse(path: str, writer: Writer, first: Delta | Final,
 
 
 async def _respond(request: Request, chat: ChatRequest, writer: Writer, stream: bool) -> Any:
-    events = pipeline.run(request.app.state.services, chat)
-    first = await anext(events)  # errors before any output become an HTTP error status
+    events = pipeline.run(request.app.state.services, chat, prefill_events=stream)
+    # Errors before the prefill starts become an HTTP error status; a stream opens as it starts.
+    first = await unless_disconnected(request, anext(events))
     if stream:
         return streamed(_sse(request.url.path, writer, first, events), SSE)
-    total, final = await pipeline.collect(first, events)  # the runner is released before the response goes out
+    # The runner is released before the response goes out.
+    total, final = await unless_disconnected(request, pipeline.collect(first, events))
     return Response(writer.whole(total, final))
 
 

@@ -16,6 +16,11 @@ def sse_event(data: dict[str, Any] | str, event: str | None = None) -> bytes:
     return f"{head}data: {payload}\n\n".encode()
 
 
+def sse_comment(text: str) -> bytes:
+    """A comment line: clients skip it, but it is traffic, so idle timeouts do not fire while nothing else comes."""
+    return f": {text}\n\n".encode()
+
+
 def streamed(chunks: AsyncIterator[bytes] | Iterator[bytes], media_type: str) -> Stream:
     """A streaming response with this content type.
 
