@@ -228,13 +228,18 @@ def test_a_conversation_is_fitted_to_num_ctx_counting_its_images(server, expecte
     whole, _ = expected_tokens(rendered(server, turns)["rendered_template"], [first, second])
     kept, _ = expected_tokens(rendered(server, turns[1:])["rendered_template"], [second])
     assert whole > kept + 4
-    ollama.Client(host=server.url).create(model="vision-small", from_="vision", parameters={"num_ctx": kept + 4})
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    client = ollama.Client(host=server.url)
+    client.create(model="vision-small", from_="vision", parameters={"num_ctx": kept + 4})
+    # Ollama's API fits a long conversation, as Ollama does; the OpenAI and Anthropic dialects refuse it.
+    response = client.chat("vision-small", messages=turns, options={"num_predict": 2, "temperature": 0})
+    assert response.prompt_eval_count == kept  # the oldest turn went, its image with it
+    openai_client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": [openai_image(first, "png"), {"type": "text", "text": "one"}]},
                 {"role": "assistant", "content": "ok"},
                 {"role": "user", "content": [openai_image(second, "png"), {"type": "text", "text": "two"}]}]
-    response = client.chat.completions.create(model="vision-small", messages=messages, max_tokens=2, temperature=0)
-    assert response.usage.prompt_tokens == kept  # the oldest turn went, its image with it
+    with pytest.raises(openai.BadRequestError) as refused:
+        openai_client.chat.completions.create(model="vision-small", messages=messages, max_tokens=2)
+    assert refused.value.code == "context_length_exceeded" and f"resulted in {whole} tokens" in str(refused.value)
 
 
 def test_a_remote_image_url_is_refused(server):
