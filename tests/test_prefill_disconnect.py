@@ -7,9 +7,9 @@ at once, not after the rest of that prefill; and the abandoned prompt, sent agai
 points its prefill had taken. The time the resumed prompt takes is what the next request would have waited
 for had the runner gone on, so it is the yardstick.
 
-SSE streams also open before the prefill (message_start with the prompt's real usage, OpenAI's role delta)
-and send keep-alives during it (Anthropic ping events, SSE comments), so that clients' idle timeouts do not
-fire.
+SSE streams also open before the prefill (message_start with the prompt's real usage, OpenAI's role delta,
+the Responses API's response.created and response.in_progress) and send keep-alives during it (Anthropic ping
+events, SSE comments), so that clients' idle timeouts (Claude Code's, Codex's) do not fire.
 """
 
 from __future__ import annotations
@@ -84,7 +84,17 @@ class Ollama:
         return prompt_tokens(server, text) - answer["prompt_eval_count"]
 
 
-DIALECTS = {"anthropic": Anthropic(), "openai": OpenAI(), "ollama": Ollama()}
+class Responses(OpenAI):
+    path = "/v1/responses"
+
+    def body(self, text: str, stream: bool) -> dict:
+        return {"model": "slow", "max_output_tokens": 1, "input": text, "stream": stream}
+
+    def cached(self, server, text: str, answer: dict) -> int:
+        return answer["usage"]["input_tokens_details"]["cached_tokens"]
+
+
+DIALECTS = {"anthropic": Anthropic(), "openai": OpenAI(), "responses": Responses(), "ollama": Ollama()}
 
 
 def prompt_tokens(server, text: str) -> int:
@@ -135,7 +145,7 @@ def check_freed_and_resumed(server, dialect, text: str, finished_chunks: int) ->
     assert CHUNK * max(finished_chunks, 1) <= cached < prompt_tokens(server, text) - CHUNK
 
 
-@pytest.mark.parametrize("name", ["anthropic", "openai", "ollama"])
+@pytest.mark.parametrize("name", list(DIALECTS))
 def test_a_stream_abandoned_during_the_prefill_frees_the_runner(server, name):
     dialect, text = DIALECTS[name], long_prompt(f"streamed {name}")
     lines, times = abandon_stream(server, dialect, text)
@@ -154,10 +164,14 @@ def test_a_stream_abandoned_during_the_prefill_frees_the_runner(server, name):
         usage = json.loads(lines[1].removeprefix("data: "))["message"]["usage"]
         assert usage["input_tokens"] + usage["cache_read_input_tokens"] == prompt_tokens(server, text)
         assert usage["input_tokens"] > CONTEXT // 4 and usage["output_tokens"] == 0
+    if name == "responses":  # the response's lifecycle opens the stream, before the first keep-alive
+        opening = lines[:next(i for i, line in enumerate(lines) if dialect.is_keep_alive(line))]
+        assert [line for line in opening if line.startswith("event:")] == [
+            "event: response.created", "event: response.in_progress"]
     check_freed_and_resumed(server, dialect, text, finished_chunks)
 
 
-@pytest.mark.parametrize("name", ["anthropic", "openai", "ollama"])
+@pytest.mark.parametrize("name", list(DIALECTS))
 def test_a_whole_response_whose_client_timed_out_frees_the_runner(server, name):
     dialect, text = DIALECTS[name], long_prompt(f"whole {name}")
     abandon_whole(server, dialect, text)

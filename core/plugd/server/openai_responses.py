@@ -24,12 +24,14 @@ from litestar import Request, Response, delete, get, post
 from litestar.exceptions import NotFoundException
 
 from plugd.chat import pipeline
-from plugd.chat.pipeline import ChatRequest, Delta, Final, UnparseableOutput
+from plugd.chat.pipeline import ChatRequest, ContextExceeded, Delta, Final, Prefill, UnparseableOutput
 from plugd.scheduler.runner_client import RunnerError
 from plugd.server.bodies import BadRequest, read_body
+from plugd.server.disconnect import unless_disconnected
+from plugd.server.errors import context_exceeded_body
 from plugd.server.openai_responses_input import NOT_STORED, input_messages
 from plugd.server.openai_responses_tools import ResponsesTools, tool_choice
-from plugd.server.sse import SSE, sse_event, streamed
+from plugd.server.sse import SSE, sse_comment, sse_event, streamed
 from plugd.types import Think, ToolCall
 
 log = logging.getLogger(__name__)
@@ -220,9 +222,9 @@ class ResponseBuilder:
         }
         return events + [self._lifecycle(f"response.{self.response['status']}")]
 
-    def fail(self, message: str) -> list[dict[str, Any]]:
+    def fail(self, message: str, code: str = "server_error") -> list[dict[str, Any]]:
         events = self._close("incomplete")
-        self.response |= {"status": "failed", "error": {"code": "server_error", "message": message}}
+        self.response |= {"status": "failed", "error": {"code": code, "message": message}}
         return events + [self._lifecycle("response.failed")]
 
     def _text(self, kind: str, text: str) -> list[dict[str, Any]]:
@@ -284,15 +286,28 @@ def _sse(events: list[dict[str, Any]]) -> bytes:
     return b"".join(sse_event(event, event=event["type"]) for event in events)
 
 
-async def _stream(builder: ResponseBuilder, first: Delta | Final, events: AsyncIterator[Delta | Final]):
+async def _stream(builder: ResponseBuilder, first: Prefill | Delta | Final,
+                  events: AsyncIterator[Prefill | Delta | Final]) -> AsyncIterator[bytes]:
+    """response.created and response.in_progress as the prefill starts, an SSE comment for each prefill event (so
+    that Codex's idle timeout does not fire during a long prefill), the output's events, then the final one.
+
+    A failure once the stream has begun is its response.failed event: a prompt over the context with the code
+    context_length_exceeded and the Responses API's words for it (Codex takes that code as final, where it resends
+    a server_error)."""
     event = first
     try:
         yield _sse(builder.start())
         while not isinstance(event, Final):
-            if out := builder.feed(event):
+            if isinstance(event, Prefill):
+                yield sse_comment("prefill")
+            elif out := builder.feed(event):
                 yield _sse(out)
             event = await anext(events)
         yield _sse(builder.finish(event))
+    except ContextExceeded as exc:
+        log.info("response %s on %s: %s", builder.response["id"], builder.response["model"], exc)
+        refusal = context_exceeded_body("/v1/responses", exc)["error"]
+        yield _sse(builder.fail(refusal["message"], refusal["code"]))
     except (RunnerError, UnparseableOutput, ValueError) as exc:
         log.error("response %s on %s failed mid-stream: %s", builder.response["id"], builder.response["model"], exc)
         yield _sse(builder.fail(str(exc)))
@@ -306,11 +321,14 @@ async def create_response(request: Request) -> Any:
     tools = ResponsesTools(body.tools)
     chat = chat_request(body, tools, dict(request.headers))
     builder = ResponseBuilder(body, tools)
-    events = pipeline.run(request.app.state.services, chat)
-    first = await anext(events)  # errors before any output become an HTTP error status
+    events = pipeline.run(request.app.state.services, chat, prefill_events=body.stream)
+    # Errors before the prefill starts become an HTTP error status; a stream opens as it starts. A client that
+    # leaves before then, or before its whole response is ready, cancels the prefill at its next chunk.
+    first = await unless_disconnected(request, anext(events))
     if body.stream:
         return streamed(_stream(builder, first, events), SSE)
-    builder.finish(await pipeline.drain(first, events, builder.feed))
+    # The runner is released before the response goes out.
+    builder.finish(await unless_disconnected(request, pipeline.drain(first, events, builder.feed)))
     return Response(builder.response)
 
 
