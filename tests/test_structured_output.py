@@ -181,7 +181,7 @@ def test_the_runner_refuses_before_any_output_and_stays_usable(checkpoint):
     assert refused.json() == {"error": "xgrammar cannot enforce this JSON schema: 'uniqueItems' at /",
                               "kind": "grammar_refused"}
     assert events[-1]["done_reason"] == "stop"
-    assert validate(TODO, "".join(e["text"] for e in events)) is None
+    assert validate(TODO, "".join(e["text"] for e in events if "prefill" not in e)) is None
 
 
 def test_without_an_engine_plain_inference_works_and_format_is_refused(server, tmp_path):
