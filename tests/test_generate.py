@@ -118,7 +118,8 @@ def test_load_unload_ps_and_keep_alive(plugd_server, client):
     loaded = client.generate(model="tiny", prompt="")
     assert loaded.done_reason == "load" and loaded.response == ""
     (entry,) = client.ps().models
-    assert entry.model == "tiny:latest" and entry.context_length == 4096
+    # No num_ctx: the model's maximum, as its caches for 262,144 positions (128 MiB) fit in the machine's memory.
+    assert entry.model == "tiny:latest" and entry.context_length == 262144
     assert len(plugd_server.runner_pids()) == 1
 
     unloaded = client.generate(model="tiny", prompt="", keep_alive=0)
@@ -142,7 +143,7 @@ def test_load_unload_ps_and_keep_alive(plugd_server, client):
     assert client.ps().models[0].size_vram == (0 if cpu_only else client.ps().models[0].size)
     header, row = plugd_server.cli("ps").stdout.splitlines()
     assert header.split() == ["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"]
-    assert row.startswith("tiny:latest") and row.endswith("Forever") and " 4096 " in row
+    assert row.startswith("tiny:latest") and row.endswith("Forever") and " 262144 " in row
     assert (" 100% CPU " if cpu_only else " 100% GPU ") in row
     assert plugd_server.cli("stop", "tiny").returncode == 0
     assert plugd_server.runner_pids() == []

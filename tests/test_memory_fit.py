@@ -3,8 +3,8 @@ counted as free for the next model.
 
 A fit plugin stands in for a machine with 48 MiB free besides what the loaded runners hold (the built-in
 system-memory fit's rule, available + held). The first model's live caches are estimated at 2 MiB for a
-4,096-token context and 33 MiB for 65,536 tokens, and take that memory at its first request (they are
-allocated whole); the prompt cache fills its budget only over many requests. The second model needs 36 MiB.
+4,096-token context and 33 MiB for 65,536 tokens, and take that memory only as its positions fill (they grow
+with use); the prompt cache fills its budget only over many requests. The second model needs 36 MiB.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ def test_a_preloaded_models_caches_are_not_free_for_the_next(start, num_ctx, bot
 
 @pytest.mark.parametrize("cache_bytes, both", [(2 << 20, True), (24 << 20, False)])
 def test_the_prompt_caches_unfilled_budget_is_not_free_for_the_next(start, cache_bytes, both):
-    server, client = start({"PLUGD_PREFIX_CACHE_BYTES": str(cache_bytes)})
+    # A 4,096-token context, as the first test's small one: sized to memory, it would take the room this tests.
+    server, client = start({"PLUGD_PREFIX_CACHE_BYTES": str(cache_bytes), "PLUGD_CONTEXT_LENGTH": "4096"})
     client.generate(model="first", prompt="Hi", options=OPTIONS)
     assert httpx.get(f"{server.url}/api/ps").json()["models"][0]["prompt_cache"]["budget"] == cache_bytes
     assert loaded_after_the_second(client) == (["first", "second"] if both else ["second"])

@@ -39,7 +39,8 @@ ENVIRONMENT = (
              "how long an idle model stays loaded; 0 unloads after each request, negative keeps it"),
     Variable("PLUGD_MAX_LOADED_MODELS", "unlimited", "models loaded at once; idle ones are evicted first"),
     Variable("PLUGD_MAX_QUEUE", "512", "requests waiting for a model before the daemon answers 503"),
-    Variable("PLUGD_CONTEXT_LENGTH", "4096", "default num_ctx"),
+    Variable("PLUGD_CONTEXT_LENGTH", "each model's maximum, lowered to what its caches fit in the memory left "
+             "after its weights and prompt cache, at least 4096", "num_ctx of requests that set none"),
     Variable("PLUGD_LOAD_TIMEOUT", "600", "seconds a runner may take to load its model"),
     Variable("PLUGD_LOG_LEVEL", "INFO", "daemon and runner log level"),
     Variable("PLUGD_ORIGINS", "unset",

@@ -108,12 +108,24 @@ def test_cancelling_mid_decode_stops_at_the_next_step(engine, complete, make_req
     assert tokens_of(after) == tokens_of(cold)
 
 
-def test_caches_are_sized_for_the_whole_context_at_once(engine, complete):
-    complete(engine, PROMPT[:10], num_predict=2, num_ctx=1000)
-    assert {layer.keys.shape[2] for layer in engine.cache.layers} == {1000}
+def test_caches_grow_with_use_not_to_the_whole_context_at_once(engine, complete):
+    """Sized for the prompt and (a bounded share of) the output when a completion starts, so decoding does not
+    reallocate; never for the whole context at once."""
+
+    def capacity() -> int:
+        (positions,) = {layer.keys.shape[2] for layer in engine.cache.layers}
+        return positions
+
+    complete(engine, PROMPT[:10], num_predict=2, num_ctx=32768)
+    assert capacity() == 256  # one step for 12 positions, not 32,768
+    complete(engine, PROMPT[:10] + PROMPT[:20], num_predict=700, num_ctx=32768)
+    assert capacity() == 768  # sized for prompt and output (730 positions) when the completion started
     storage = [layer.keys for layer in engine.cache.layers]
-    complete(engine, PROMPT[:10] + PROMPT[:20], num_predict=300, num_ctx=1000)
-    assert all(layer.keys is kept for layer, kept in zip(engine.cache.layers, storage)), "filling up reallocated"
+    complete(engine, PROMPT[:10] + PROMPT[:20], num_predict=600, num_ctx=32768)
+    assert all(layer.keys is kept for layer, kept in zip(engine.cache.layers, storage)), "reallocated within room"
+    engine.cache.reset()
+    complete(engine, PROMPT[:10], cancelled=iter([False, False, True]).__next__, num_predict=-1, num_ctx=32768)
+    assert capacity() == 4352  # an output without a bound: 4,096 positions of it to start with
 
 
 def test_the_prefill_reports_its_start_and_each_chunk(engine, make_request):

@@ -9,9 +9,9 @@ import attrs
 
 from plugd.types import Options, structure
 
-# Ollama's defaults, except num_ctx which PLUGD_CONTEXT_LENGTH may change.
+# Ollama's defaults, except num_ctx: PLUGD_CONTEXT_LENGTH when set, else None, which the scheduler sizes per model at
+# load to the memory left after its weights (plugd.scheduler.memory.default_context).
 DEFAULTS: dict[str, Any] = {
-    "num_ctx": 4096,
     "num_batch": 512,
     "num_keep": 4,
     "num_predict": -1,
@@ -39,7 +39,8 @@ _GENERATION_CONFIG = {"temperature": "temperature", "top_k": "top_k", "top_p": "
 
 def resolve_options(generation_config: dict[str, Any], parameters: dict[str, Any], request: dict[str, Any] | None,
                     context_length: int | None) -> Options:
-    """Every option set, later sources winning; num_ctx capped at the model's trained context length."""
+    """Every option set, later sources winning; num_ctx capped at the model's trained context length, and None
+    when no source sets it (the scheduler then sizes the model's context to memory)."""
     merged = dict(DEFAULTS)
     if env_ctx := os.environ.get("PLUGD_CONTEXT_LENGTH"):
         merged["num_ctx"] = int(env_ctx)
@@ -54,7 +55,7 @@ def resolve_options(generation_config: dict[str, Any], parameters: dict[str, Any
         if value is not None and (low is not None and value < low or high is not None and value > high):
             bounds = f"at least {low}" if high is None else f"between {low} and {high}"
             raise ValueError(f"{name} must be {bounds}, not {value}")
-    if context_length and options.num_ctx > context_length:
+    if context_length and options.num_ctx is not None and options.num_ctx > context_length:
         options.num_ctx = context_length
     return options
 

@@ -271,6 +271,7 @@ async def run(services: Services, request: ChatRequest,
     preparer.prepare([image for message in request.messages for image in message.images])  # refused before a load
 
     async with services.scheduler.acquire(model, options.num_ctx, keep_alive) as loaded:
+        options = attrs.evolve(options, num_ctx=loaded.num_ctx)  # the model's default context when none was set
         load_duration = time.perf_counter_ns() - started
         if load_only:
             yield Final(done_reason="load", load_duration=load_duration,

@@ -8,17 +8,20 @@ import mlx.core as mx
 class KVCache:
     """The keys and values of every position seen so far, (batch, kv_heads, length, head_dim).
 
-    Storage is preallocated `step` positions at a time so that decoding one
-    token writes into place instead of reallocating. `offset` is the number of
-    cached positions; `trim(n)` forgets the last n, which later writes
-    overwrite.
+    Storage grows with use, never to all of a context at once: at a
+    completion's first write to what the completion is expected to reach (its
+    prompt and a bounded share of its output, `reserve`), then doubling (in
+    multiples of `step` positions) up to the context's size, so that decoding
+    one token writes into place instead of reallocating and a large context
+    costs only what its positions use. `offset` is the number of cached
+    positions; `trim(n)` forgets the last n, which later writes overwrite.
     """
 
     trimmable = True
 
     def __init__(self, step: int = 256):
         self.step = step
-        self.reserved = 0
+        self.reserved = self.expected = 0
         self.offset = 0
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
@@ -26,7 +29,7 @@ class KVCache:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Append the new positions' keys and values; return all cached ones, these included."""
         start, end = self.offset, self.offset + keys.shape[2]
-        if self.keys is None or end > self.keys.shape[2]:
+        if self.keys is None or end > self.keys.shape[2] or self.keys.shape[2] < self.expected:
             self.keys = self._grown(self.keys, keys, end)
             self.values = self._grown(self.values, values, end)
         self.keys[..., start:end, :] = keys
@@ -34,12 +37,19 @@ class KVCache:
         self.offset = end
         return self.keys[..., :end, :], self.values[..., :end, :]
 
-    def reserve(self, positions: int) -> None:
-        """Allocate room for `positions` at the first growth, so a context that fills up never reallocates."""
+    def reserve(self, positions: int, expected: int = 0) -> None:
+        """`positions`: the context's size, which growth stops at (without one it grows by `step`); `expected`:
+        the positions the completion under way should reach, allocated at once at its next write (its prefill's,
+        before any token is decoded)."""
         self.reserved = positions
+        self.expected = min(expected, positions)
 
     def _grown(self, stored: mx.array | None, new: mx.array, needed: int) -> mx.array:
-        capacity = max(-(-needed // self.step) * self.step, self.reserved)
+        def steps(positions: int) -> int:
+            return -(-positions // self.step) * self.step
+
+        doubled = 0 if stored is None else 2 * stored.shape[2]
+        capacity = max(steps(needed), min(steps(max(doubled, self.expected)), steps(self.reserved)))
         batch, heads, _, dims = new.shape
         room = mx.zeros((batch, heads, capacity - self.offset, dims), new.dtype)
         return room if stored is None else mx.concatenate([stored[..., : self.offset, :], room], axis=2)

@@ -36,7 +36,7 @@ class RunnerCachePolicy(Protocol):
 
     def resume(self, prompt: Sequence[int]) -> int: ...
 
-    def reserve(self, positions: int) -> None: ...
+    def reserve(self, positions: int, expected: int = 0) -> None: ...
 
     def capture_points(self, start: int, end: int) -> Sequence[int]: ...
 
@@ -66,13 +66,13 @@ class LiveCache:
 
     def __init__(self, model: nn.Module):
         self._model = model
-        self._reserved = 0
+        self._reserved = (0, 0)
         self.reset()
 
     def reset(self) -> None:
         self.layers = self._model.make_cache()
         self.tokens: list[int] = []
-        self.reserve(self._reserved)
+        self.reserve(*self._reserved)
 
     def trim_to(self, length: int) -> bool:
         """Forget every token past `length`; False (caches untouched past `length` not guaranteed) when a layer
@@ -83,12 +83,14 @@ class LiveCache:
         del self.tokens[length:]
         return True
 
-    def reserve(self, positions: int) -> None:
-        """Size the caches for a whole context up front: memory stays flat as it fills, and matches the fit check."""
-        self._reserved = positions
+    def reserve(self, positions: int, expected: int = 0) -> None:
+        """Tell the caches the context's size (`positions`, which they never grow past, as the fit check counts)
+        and what the completion under way should reach (`expected`, allocated at once at their next growth, so
+        that memory stays flat while it decodes); beyond that they double as they fill."""
+        self._reserved = (positions, expected)
         for layer in self.layers:
             if hasattr(layer, "reserve"):
-                layer.reserve(positions)
+                layer.reserve(positions, expected)
 
     def capture_points(self, start: int, end: int) -> Sequence[int]:
         return ()

@@ -34,6 +34,9 @@ from plugd.runner.tokenizer import Detokenizer, Tokenizer
 
 # MLX keeps freed buffers for reuse; generation hands them back every this many tokens.
 RELEASE_BUFFERS_EVERY = 256
+# The output positions a completion's caches are sized for when it starts (with its prompt, within num_ctx and its
+# num_predict), so that memory stays flat while it decodes; a longer one grows them, doubling, as it goes.
+DECODE_HEADROOM = 4096
 
 
 @attrs.define
@@ -201,12 +204,12 @@ class Engine:
         grammar: Callable[[], TokenMask] | None, progress: Progress,
     ):
         tally = _Tally(len(prompt.tokens))
-        self.cache.reserve(request.num_ctx)
+        room = request.num_ctx - len(prompt.tokens)
+        budget = room if request.num_predict < 0 else min(request.num_predict, room)
+        self.cache.reserve(request.num_ctx, len(prompt.tokens) + min(max(budget, 0), DECODE_HEADROOM))
         if not self._prefill(prompt, tally, cancelled, progress):
             yield tally.done("cancel")
             return
-        room = request.num_ctx - len(prompt.tokens)
-        budget = room if request.num_predict < 0 else min(request.num_predict, room)
         tally.fills_context = budget == room
         if budget <= 0:
             yield tally.done("length")

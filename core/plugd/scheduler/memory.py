@@ -105,6 +105,29 @@ def kv_cache_bytes(config: dict[str, Any], num_ctx: int) -> int:
     return full + (1 + SNAPSHOTS) * (sliding + recurrent) + working
 
 
+# The smallest context a request without num_ctx gets (a model with a smaller maximum gets its maximum), whatever
+# memory is left: a model whose caches do not fit even that is refused by the fit check, as one asking for it is.
+CONTEXT_FLOOR = 4096
+
+
+def default_context(config: dict[str, Any], room: float, maximum: int | None) -> int:
+    """The context a request without num_ctx gets: the largest, up to the model's `maximum` (its trained context
+    length), whose caches (`kv_cache_bytes`) fit in `room` bytes, in whole CACHE_STEPs below the maximum, and never
+    under CONTEXT_FLOOR; CONTEXT_FLOOR when the maximum is unknown."""
+    if not maximum:
+        return CONTEXT_FLOOR
+    if maximum <= CONTEXT_FLOOR or kv_cache_bytes(config, maximum) <= room:
+        return maximum
+    low, high = CONTEXT_FLOOR // CACHE_STEP, -(-maximum // CACHE_STEP)  # in steps; high * CACHE_STEP does not fit
+    while low + 1 < high:
+        middle = (low + high) // 2
+        if kv_cache_bytes(config, middle * CACHE_STEP) <= room:
+            low = middle
+        else:
+            high = middle
+    return max(low * CACHE_STEP, CONTEXT_FLOOR)
+
+
 def resident_bytes(pid: int) -> int | None:
     """The anonymous memory process `pid` holds now (Linux's RssAnon: what only ending it gives back, while its
     file pages already count as available); None where the platform does not say."""

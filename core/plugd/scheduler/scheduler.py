@@ -33,6 +33,7 @@ class Loaded:
     runner: RunnerProcess
     num_ctx: int
     size: int  # weights and caches, estimated for num_ctx
+    sized: bool = False  # num_ctx is the scheduler's default (requests without num_ctx use it), not a request's
     cache_budget: int = 0  # what the cache policy may keep beyond the live caches
     growth: int = 0  # what its caches may add once it is ready: the live caches for num_ctx and cache_budget
     resident_at_ready: int | None = None  # its runner's resident bytes when loading finished, where measurable
@@ -63,20 +64,39 @@ class Scheduler:
         free, so a second model could load into memory the first one's caches will need. Where the platform
         reports a runner's resident memory, that is what it holds, and its caches may still add their estimate
         less what it has grown by since it was ready."""
-        held = claimed = 0
-        for entry in self.loaded.values():
-            resident = memory.resident_bytes(entry.runner.pid) if entry.resident_at_ready is not None else None
-            if resident is None:
-                held += entry.size + entry.cache_budget
-                claimed += entry.size + entry.cache_budget
-            else:
-                held += resident
-                claimed += resident + max(0, entry.growth - (resident - entry.resident_at_ready))
-        return held, claimed
+        claims = [self._claim(entry) for entry in self.loaded.values()]
+        return sum(held for held, _ in claims), sum(claimed for _, claimed in claims)
+
+    @staticmethod
+    def _claim(entry: Loaded) -> tuple[int, int]:
+        """(held, claimed) of one loaded model, as `_memory` counts them."""
+        resident = memory.resident_bytes(entry.runner.pid) if entry.resident_at_ready is not None else None
+        if resident is None:
+            return entry.size + entry.cache_budget, entry.size + entry.cache_budget
+        return resident, resident + max(0, entry.growth - (resident - entry.resident_at_ready))
+
+    def _default_context(self, model: ResolvedModel, weights: int) -> int:
+        """The context of a load for requests without num_ctx: the model's maximum, lowered to what its caches fit
+        in the memory the fits leave after its weights, the cache policy's budget and the models busy now (idle
+        ones count as free: they are evicted if the load needs their memory)."""
+        maximum = model.config.get("context_length")
+        held, _ = self._memory()
+        bound = memory.budget(self.registry, held)
+        if bound is None:
+            return memory.default_context(model.model_files.config, math.inf, maximum)
+        busy = sum(self._claim(entry)[1] for entry in self.loaded.values() if entry.active > 0)
+        policy = self.cache_policy.budget() if self.cache_policy.budget is not None else 0
+        context = memory.default_context(model.model_files.config, bound - busy - weights - policy, maximum)
+        log.info("%s gets a context of %d tokens (its maximum: %s) in the %.1f MiB left after its weights",
+                 model.name, context, maximum, max(0, bound - busy - weights) / 2**20)
+        return context
 
     @asynccontextmanager
-    async def acquire(self, model: ResolvedModel, num_ctx: int, keep_alive: float) -> AsyncIterator[Loaded]:
+    async def acquire(self, model: ResolvedModel, num_ctx: int | None, keep_alive: float) -> AsyncIterator[Loaded]:
         """A loaded runner for `model`, to this request alone until the block ends; then keep_alive decides.
+
+        `num_ctx` None asks for the model's default context (`_default_context`), sized when the model loads and
+        the same for every such request while it stays loaded; the entry's `num_ctx` says which it is.
 
         Requests waiting for a load or for the runner's slot count against PLUGD_MAX_QUEUE.
         """
@@ -105,15 +125,16 @@ class Scheduler:
         with anyio.CancelScope(shield=True):
             await self._release(entry, keep_alive)
 
-    def _usable(self, digest: str, num_ctx: int) -> Loaded | None:
+    def _usable(self, digest: str, num_ctx: int | None) -> Loaded | None:
         entry = self.loaded.get(digest)
-        return entry if entry and entry.runner.alive and entry.num_ctx == num_ctx else None
+        if not entry or not entry.runner.alive:
+            return None
+        return entry if (entry.sized if num_ctx is None else entry.num_ctx == num_ctx) else None
 
-    async def _ready(self, model: ResolvedModel, num_ctx: int) -> Loaded:
+    async def _ready(self, model: ResolvedModel, num_ctx: int | None) -> Loaded:
         """The model's loaded runner, held for the caller; loads it (making room first) when needed."""
         module = model.require_architecture().module
-        caches = memory.kv_cache_bytes(model.model_files.config, num_ctx)
-        needed = memory.weight_bytes(model.tensors) + caches
+        weights = memory.weight_bytes(model.tensors)
         async with self.changed:
             if entry := self._usable(model.digest, num_ctx):
                 self._hold(entry)
@@ -126,16 +147,21 @@ class Scheduler:
                     stale = self.loaded.get(model.digest)
                     if stale and stale.active == 0:
                         await self._unload(stale)  # dead, or loaded with another context length
-                    elif stale is None and await self._make_room(model, needed):
-                        break
-                    else:
-                        await self.changed.wait()
+                        continue
+                    if stale is None:
+                        context = num_ctx or self._default_context(model, weights)
+                        caches = memory.kv_cache_bytes(model.model_files.config, context)
+                        needed = weights + caches
+                        if await self._make_room(model, needed):
+                            break
+                    await self.changed.wait()
                 if entry:
                     self._hold(entry)
                     return entry
                 cache_budget = self._cache_budget(needed)
-            entry = Loaded(model=model, runner=RunnerProcess(model.files, module, cache_budget), num_ctx=num_ctx,
-                           size=needed, cache_budget=cache_budget or 0, growth=caches + (cache_budget or 0))
+            entry = Loaded(model=model, runner=RunnerProcess(model.files, module, cache_budget), num_ctx=context,
+                           size=needed, sized=num_ctx is None, cache_budget=cache_budget or 0,
+                           growth=caches + (cache_budget or 0))
             try:
                 await entry.runner.start()
             except BaseException:
