@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -176,3 +177,22 @@ def test_a_whole_response_whose_client_timed_out_frees_the_runner(server, name):
     dialect, text = DIALECTS[name], long_prompt(f"whole {name}")
     abandon_whole(server, dialect, text)
     check_freed_and_resumed(server, dialect, text, 1)
+
+
+def test_requests_abandoned_while_queued_never_reach_the_runner(server):
+    """Clients that time out while another request holds the runner are dropped from the queue: the request
+    after them starts as soon as the runner is free, and their prompts were never evaluated."""
+    dialect = DIALECTS["openai"]
+    holder_text, queued = long_prompt("holder"), [long_prompt(f"queued {i}") for i in range(3)]
+    with ThreadPoolExecutor(len(queued) + 1) as pool:
+        holder = pool.submit(timed, server, dialect, holder_text)
+        time.sleep(1.0)  # the holder is in its prefill
+        abandoned = [pool.submit(abandon_whole, server, dialect, text) for text in queued]
+        for future in abandoned:
+            future.result()
+        held, _ = holder.result()
+    waited, _ = timed(server, dialect, "Just a short question")
+    print(f"the holder took {held:.2f}s; the request after the abandoned ones {waited:.2f}s")
+    assert waited < held / 3, "the next request waited for requests whose clients had gone"
+    _, answer = timed(server, dialect, queued[0])
+    assert dialect.cached(server, queued[0], answer) < CHUNK, "an abandoned request's prompt was evaluated"
