@@ -12,11 +12,14 @@ DEBIAN_TEST_PACKAGES := $(DEBIAN_PACKAGES) docker-registry curl
 APT_INSTALL = SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq
 
+# The coding agents the end-to-end tests drive (Claude Code, Codex CLI), from npm at the versions pinned there.
+CLIENTS := tests/clients
+
 .PHONY: serve test system-packages system-test-packages
 serve: system-packages $(VENV)/.installed
 	$(BIN)/plugd serve
 
-test: system-test-packages $(VENV)/.installed-test
+test: system-test-packages $(VENV)/.installed-test $(CLIENTS)/node_modules/.installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 system-test-packages: DEBIAN_PACKAGES := $(DEBIAN_TEST_PACKAGES)
@@ -41,4 +44,10 @@ $(VENV)/.installed: $(BIN)/python requirements.txt $(PYPROJECTS)
 
 $(VENV)/.installed-test: $(VENV)/.installed requirements-test.txt
 	$(BIN)/pip install -q -r requirements-test.txt
+	touch $@
+
+# Node.js and npm from Debian where the machine has no npm.
+$(CLIENTS)/node_modules/.installed: $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
+	@if ! command -v npm >/dev/null && command -v apt-get >/dev/null; then $(APT_INSTALL) nodejs npm; fi
+	npm ci --prefix $(CLIENTS) --no-audit --no-fund --loglevel=error
 	touch $@
