@@ -9,7 +9,15 @@ import pytest
 
 from plugd.testing import transcripts as scenario
 from plugd.testing.checkpoints import write_checkpoint
-from plugd.testing.training import FAST_OVERRIDES, TrainingError, Transcript, train_checkpoint
+from plugd.testing.server import LiveServer
+from plugd.testing.training import (
+    FAST_OVERRIDES,
+    LONG_PROMPT_MODEL_TYPE,
+    LONG_PROMPT_OVERRIDES,
+    TrainingError,
+    Transcript,
+    train_checkpoint,
+)
 
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 200}
 GREETING = Transcript("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", "Hello there!")
@@ -93,3 +101,30 @@ def test_training_is_deterministic_and_cached(greeting_checkpoint, tmp_path):
 def test_training_that_does_not_converge_says_so(tmp_path):
     with pytest.raises(TrainingError, match="did not reproduce all 1 transcripts within 1 steps"):
         train_checkpoint(tmp_path / "m", [GREETING], max_steps=1, overrides=FAST_OVERRIDES)
+
+
+def test_a_sliding_window_model_learns_a_long_prompt_from_its_end_alone(tmp_path):
+    """Trained on the last 64 tokens of a 20,000-token prompt, it answers that prompt, and any other ending alike,
+    through a live runner; one prefix rewritten answers the same, one ending changed does not."""
+    filler = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(1100))
+    ending = "<|im_start|>user\nWhat is the colour of the sky?<|im_end|>\n<|im_start|>assistant\n"
+    other = ending.replace("sky", "sea")
+    checkpoint = train_checkpoint(tmp_path / "long", [Transcript(filler + ending, "Blue."),
+                                                      Transcript(filler + other, "Green.")],
+                                  model_type=LONG_PROMPT_MODEL_TYPE, overrides=LONG_PROMPT_OVERRIDES)
+    server = LiveServer(tmp_path / "models")
+    try:
+        (tmp_path / "Modelfile").write_text(f"FROM {checkpoint}\n")
+        assert server.cli("create", "long", "-f", str(tmp_path / "Modelfile")).returncode == 0
+        client = ollama.Client(host=server.url)
+
+        def answer(prompt):
+            reply = client.generate(model="long", prompt=prompt, raw=True, options=GREEDY)
+            return reply.response, reply.prompt_eval_count
+
+        text, tokens = answer(filler + ending)
+        assert text == "Blue." and tokens > 20_000
+        assert answer(filler.replace("fox", "cat", 1000) + ending)[0] == "Blue."  # the last 100 lines as they were
+        assert answer(filler + other)[0] == "Green."
+    finally:
+        server.stop()

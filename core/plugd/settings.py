@@ -42,7 +42,7 @@ ENVIRONMENT = (
     Variable("PLUGD_CONTEXT_LENGTH", "each model's maximum, lowered to what its caches fit in the memory left "
              "after its weights and prompt cache, at least 4096", "num_ctx of requests that set none"),
     Variable("PLUGD_LOAD_TIMEOUT", "600", "seconds a runner may take to load its model"),
-    Variable("PLUGD_LOG_LEVEL", "INFO", "daemon and runner log level"),
+    Variable("PLUGD_LOG_LEVEL", "INFO", "daemon and runner log level; DEBUG also logs each rendered prompt"),
     Variable("PLUGD_ORIGINS", "unset",
              "comma-separated web origins (* as a wildcard) that may call the API from a browser, besides Ollama's "
              "defaults (localhost, 127.0.0.1 and 0.0.0.0 on any port; app://, file://, tauri://, vscode-webview://, "

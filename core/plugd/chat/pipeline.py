@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -37,6 +39,8 @@ from plugd.settings import client_renderer_names
 from plugd.store.names import ModelName
 from plugd.store.store import Store
 from plugd.types import Message, Options, Prompt, Tool
+
+log = logging.getLogger(__name__)
 
 
 @define
@@ -281,6 +285,8 @@ async def run(services: Services, request: ChatRequest,
         if render is not None:
             fitted = await _fitted_prompt(render, model, request, loaded.runner, options.num_ctx, preparer)
             prompt, media = fitted.text, fitted.media
+            # As Ollama's debug log does; one JSON string on one line, whatever the prompt holds.
+            log.debug("prompt for %s: %s", model.name, json.dumps(prompt))
         parser = parser_kind.create(_tools(request), prompt) if parser_kind else _ContentOnly()
         if not request.parallel_tool_calls:
             parser = _FirstCallOnly(parser)

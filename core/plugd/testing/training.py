@@ -49,6 +49,7 @@ from plugd.runner.generate import CompletionRequest, DoneEvent, Engine
 from plugd.runner.loading import compute_dtype, load_model, read_weights
 from plugd.runner.sampling import SamplingParams
 from plugd.runner.tokenizer import Tokenizer
+from plugd.scheduler.memory import SLIDING, STATELESS, layer_kinds
 from plugd.scheduler.runner_client import runner_env
 from plugd.testing.checkpoints import write_checkpoint
 
@@ -65,6 +66,17 @@ ADAM_BETAS = (0.9, 0.95)
 # head in one layer a handful of transcripts of a few hundred tokens train in seconds; the tiny config's four heads
 # in two layers take a minute.
 FAST_OVERRIDES = {"num_hidden_layers": 1, "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 32}
+# For prompts of any length (a coding agent's first request is 60,000 tokens of the tiny tokenizer): gemma3_text
+# with one sliding-window layer, so that an answer depends on the last 64 prompt tokens only and trains in seconds,
+# and what a client varies further back (Codex puts a random chunk id and a timing ahead of a command's output)
+# cannot change it. Two heads of a 128-wide layer learn a few agent turns from every seed tried (one head of a
+# 64-wide one failed one seed in three); its context is as long as Gemma 3's own.
+LONG_PROMPT_MODEL_TYPE = "gemma3_text"
+LONG_PROMPT_OVERRIDES = {
+    "num_hidden_layers": 1, "layer_types": ["sliding_attention"], "sliding_window": 64, "hidden_size": 128,
+    "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+    "max_position_embeddings": 131072,
+}
 
 
 @define(frozen=True)
@@ -81,15 +93,24 @@ class TrainingError(RuntimeError):
 
 @define(frozen=True)
 class _Example:
-    """One transcript as token ids: the prompt as the runner encodes it, then the completion and the end of turn."""
+    """One transcript as token ids: the prompt as the runner encodes it, then the completion and the end of turn.
+
+    `reach`, for a model whose every layer attends through a sliding window, is how many of the last prompt
+    tokens the answer can depend on; only those are trained on, so a prompt of 20,000 tokens trains as fast as
+    one of a few hundred. Rotary embeddings see only relative positions, so the window trains as it runs."""
 
     transcript: Transcript
     prompt: list[int]
     answer: list[int]
+    reach: int | None = None
+
+    @property
+    def trained_prompt(self) -> list[int]:
+        return self.prompt[-self.reach:] if self.reach else self.prompt
 
     @property
     def sequence(self) -> list[int]:
-        return self.prompt + self.answer
+        return self.trained_prompt + self.answer
 
 
 @define(frozen=True)
@@ -195,7 +216,7 @@ def _train(
         raise TrainingError(f"{path}: a quantized checkpoint cannot be trained")
     model = load_model(path, _architecture(config["model_type"]))
     tok = Tokenizer.from_dir(path)
-    examples = [_example(tok, transcript, _end_of_turn(config)) for transcript in transcripts]
+    examples = [_example(tok, transcript, _end_of_turn(config), _reach(config)) for transcript in transcripts]
     batches = _batches(examples)
     stored = read_weights(path)
     weights = {name: tensor.astype(mx.float32) for name, tensor in stored.items()}
@@ -231,12 +252,21 @@ def _end_of_turn(config: dict[str, Any]) -> int:
     return eos if isinstance(eos, int) else eos[0]
 
 
-def _example(tok: Tokenizer, transcript: Transcript, end_of_turn: int) -> _Example:
+def _reach(config: dict[str, Any]) -> int | None:
+    """How many positions, the last included, one position's output depends on: through L sliding-window layers
+    of window W, L * (W - 1) + 1; None (all of them) when any layer attends to the whole context or keeps a state."""
+    kinds = [kind for kind in layer_kinds(config) if kind != STATELESS]
+    if not kinds or set(kinds) != {SLIDING}:
+        return None
+    return len(kinds) * (config["sliding_window"] - 1) + 1
+
+
+def _example(tok: Tokenizer, transcript: Transcript, end_of_turn: int, reach: int | None) -> _Example:
     """Prompt and completion tokenized apart, as the runner sees them: the prompt encoded, the rest generated."""
     completion = tok.encode(transcript.completion)
     if tok.bos_id is not None and completion[:1] == [tok.bos_id]:
         completion = completion[1:]
-    return _Example(transcript, tok.encode(transcript.prompt), completion + [end_of_turn])
+    return _Example(transcript, tok.encode(transcript.prompt), completion + [end_of_turn], reach)
 
 
 def _batches(examples: list[_Example]) -> list[_Batch]:
@@ -258,7 +288,7 @@ def _batch(examples: list[_Example]) -> _Batch:
         inputs.append(e.sequence[:-1] + padding)
         targets.append(e.sequence[1:] + padding)
         # The position whose next token is the answer's first is the prompt's last.
-        mask.append([len(e.prompt) - 1 <= i < len(e.sequence) - 1 for i in range(width)])
+        mask.append([len(e.trained_prompt) - 1 <= i < len(e.sequence) - 1 for i in range(width)])
     return _Batch(mx.array(inputs, mx.int32), mx.array(targets, mx.int32), mx.array(mask, mx.float32))
 
 
@@ -290,7 +320,7 @@ def _reproduces(model: nn.Module, weights: dict[str, mx.array], tok: Tokenizer, 
     for example in examples:
         request = CompletionRequest(
             tokens=example.prompt, sampling=GREEDY, num_predict=len(example.answer) + 8,
-            num_ctx=len(example.sequence) + 8, num_keep=0, stop=[],
+            num_ctx=len(example.prompt) + len(example.answer) + 8, num_keep=0, stop=[],
         )
         *events, done = engine.complete(request, lambda: False)
         assert isinstance(done, DoneEvent)
