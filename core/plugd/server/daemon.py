@@ -13,6 +13,7 @@ import uvicorn
 
 from plugd import __version__, plugins
 from plugd.server.app import create_app
+from plugd.server.cors import cors_config, origin_guard
 from plugd.server.hosts import loopback_host_guard
 from plugd.settings import daemon_address
 from plugd.store.store import Store
@@ -51,7 +52,7 @@ def serve() -> int:
         store.prune()
     registry = plugins.load()
     log.info("models in %s; plugins: %s", store.root, ", ".join(f"{p.name} ({p.status})" for p in registry.plugins))
-    app = create_app(store, registry)
+    app = origin_guard(create_app(store, registry), cors_config())
     if ipaddress.ip_address(sock.getsockname()[0]).is_loopback:
         app = loopback_host_guard(app)
     # plugd names itself in every response's Server header (/api/version reports the Ollama API version instead).

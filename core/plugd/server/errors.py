@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+from litestar.types import Send
 
 from plugd.chat.request import ContextExceeded
 
@@ -30,6 +33,14 @@ def error_body(path: str, status: int, message: str) -> dict[str, Any]:
     if dialect == "anthropic":
         return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
     return {"error": message}
+
+
+async def send_error(send: Send, path: str, status: int, message: str) -> None:
+    """Answer an HTTP request with `error_body`, from ASGI middleware that runs before the app routes it."""
+    body = json.dumps(error_body(path, status, message)).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 # What an OpenAI endpoint calls the part of the request that holds the prompt.

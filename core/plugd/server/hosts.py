@@ -4,10 +4,11 @@ domain at 127.0.0.1 (DNS rebinding) still sends that domain in Host, and gets a 
 from __future__ import annotations
 
 import ipaddress
-import json
 import socket
 
 from litestar.types import ASGIApp, Receive, Scope, Send
+
+from plugd.server.errors import send_error
 
 LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
 
@@ -34,11 +35,8 @@ def loopback_host_guard(app: ASGIApp) -> ASGIApp:
 
     async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not allowed_host(host := _host_of(scope)):
-            body = json.dumps({"error": f"host {host!r} is not allowed: plugd listens on loopback and answers "
-                                        "requests to local host names only"}).encode()
-            await send({"type": "http.response.start", "status": 403,
-                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body})
+            await send_error(send, scope["path"], 403, f"host {host!r} is not allowed: plugd listens on loopback and "
+                                                       "answers requests to local host names only")
             return
         await app(scope, receive, send)
 
