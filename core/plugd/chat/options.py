@@ -26,11 +26,14 @@ DEFAULTS: dict[str, Any] = {
     "seed": None,
     "stop": [],
 }
-# The values each option can take (low, high; None: unbounded), where some cannot; Ollama's special values
-# (num_predict and num_keep -1, repeat_last_n -1 for the whole context) lie inside.
+# The values each option can take (low, high; None: unbounded); Ollama's special values (num_predict and num_keep
+# -1, repeat_last_n -1 for the whole context, a negative seed for a fresh one) lie inside. Counts of tokens stop
+# at what a 32-bit index holds, seeds at 64 bits, as the runner's arrays and random keys take them.
+_COUNT = 2**31 - 1
 RANGES: dict[str, tuple[float | None, float | None]] = {
-    "num_ctx": (1, None), "num_batch": (1, None), "repeat_last_n": (-1, None),
-    "temperature": (0, None), "top_k": (0, None), "top_p": (0, 1), "min_p": (0, 1),
+    "num_ctx": (1, _COUNT), "num_batch": (1, _COUNT), "num_predict": (None, _COUNT), "num_keep": (None, _COUNT),
+    "repeat_last_n": (-1, _COUNT), "temperature": (0, None), "top_k": (0, _COUNT), "top_p": (0, 1), "min_p": (0, 1),
+    "seed": (None, 2**64 - 1),
 }
 # generation_config.json keys that mean the same as an Ollama option.
 _GENERATION_CONFIG = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
@@ -53,7 +56,8 @@ def resolve_options(generation_config: dict[str, Any], parameters: dict[str, Any
     for name, (low, high) in RANGES.items():
         value = getattr(options, name)
         if value is not None and (low is not None and value < low or high is not None and value > high):
-            bounds = f"at least {low}" if high is None else f"between {low} and {high}"
+            bounds = (f"at least {low}" if high is None else f"at most {high}" if low is None
+                      else f"between {low} and {high}")
             raise ValueError(f"{name} must be {bounds}, not {value}")
     if context_length and options.num_ctx is not None and options.num_ctx > context_length:
         options.num_ctx = context_length
