@@ -295,7 +295,7 @@ def test_queue_limit_and_max_loaded_models(tmp_path, tiny_long_context):
                 queued = pool.submit(http.post, server.url + "/api/generate", json=small)
                 time.sleep(1)  # the first waiting request fills the queue
                 refused = http.post(server.url + "/api/generate", json=small, timeout=10)
-                assert refused.status_code == 503
+                assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
                 assert "1 requests are already waiting" in refused.json()["error"]
                 busy.close()
                 assert queued.result().status_code == 200

@@ -17,6 +17,7 @@ import httpx
 
 from plugd.blas import with_openblas
 from plugd.runner.errors import CHECKPOINT_REFUSED
+from plugd.scratch import scratch_prefix
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT = float(os.environ.get("PLUGD_LOAD_TIMEOUT", "600"))
@@ -65,7 +66,7 @@ class RunnerProcess:
         self.files = files
         self.module = module
         self.cache_budget = cache_budget
-        self.workdir = Path(tempfile.mkdtemp(prefix="plugd-runner-"))
+        self.workdir = Path(tempfile.mkdtemp(prefix=scratch_prefix("runner")))
         self.socket = self.workdir / "runner.sock"
         self.log_path = self.workdir / "runner.log"
         self.process: asyncio.subprocess.Process | None = None

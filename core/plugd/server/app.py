@@ -62,7 +62,9 @@ def _error_response(request: Request, exc: Exception) -> Response[Any]:
         log.info("%s", message)
     if status == 500:
         log.error("%s %s failed: %s", request.method, request.url.path, message, exc_info=exc)
-    return Response(error_body(request.url.path, status, message), status_code=status)
+    # A full queue drains as the requests ahead finish; a second is as long as a client should wait to ask again.
+    headers = {"Retry-After": "1"} if status == 503 else None
+    return Response(error_body(request.url.path, status, message), status_code=status, headers=headers)
 
 
 def create_app(store: Store, registry: Registry) -> Litestar:

@@ -12,6 +12,7 @@ import sys
 import uvicorn
 
 from plugd import __version__, plugins
+from plugd.scratch import remove_orphans
 from plugd.server.app import create_app
 from plugd.server.cors import cors_config, origin_guard
 from plugd.server.hosts import loopback_host_guard
@@ -45,6 +46,8 @@ def serve() -> int:
         reason = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
         print(f"Error: listen tcp {host}:{port}: {reason}", file=sys.stderr)
         return 1
+    if orphans := remove_orphans():
+        log.info("removed %d scratch folders of daemons that are gone", len(orphans))
     store = Store()
     if os.environ.get("PLUGD_NOPRUNE"):
         store.blobs.remove_partials()

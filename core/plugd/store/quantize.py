@@ -11,6 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from plugd.scratch import scratch_prefix
 from plugd.store import manifests as mt
 from plugd.store.manifests import Layer
 from plugd.store.store import Store
@@ -31,7 +32,7 @@ def bits_for(level: str) -> int:
 
 def quantize_files(store: Store, files: dict[str, Layer], module: str, bits: int) -> dict[str, Layer]:
     """Quantize the model made of `files` and store the result's files as blobs; returns the new file layers."""
-    with tempfile.TemporaryDirectory(prefix="plugd-quantize-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=scratch_prefix("quantize")) as tmp:
         src, dst = Path(tmp, "float"), Path(tmp, "quantized")
         src.mkdir()
         for name, layer in files.items():
