@@ -25,7 +25,7 @@ from plugd.hub.importing import import_cached
 from plugd.hub.testing import HubServer
 from plugd.registry.errors import BlobCorrupt
 from plugd.store.blobs import BlobStore
-from plugd.store.model_files import MODEL_FILE_SUFFIXES
+from plugd.store.model_files import is_model_file
 from plugd.testing.checkpoints import write_checkpoint
 from plugd.testing.server import LiveServer
 
@@ -105,7 +105,7 @@ def token_file(hf_home, token):
 
 
 def uploaded_by_create(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if p.suffix in MODEL_FILE_SUFFIXES)
+    return sorted(p.name for p in directory.iterdir() if is_model_file(p.name))
 
 
 def manifest(server, name):

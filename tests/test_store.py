@@ -194,6 +194,8 @@ def test_create_errors(store, registry, tiny_qwen3, tmp_path):
         "neither 'from' nor 'files'": {},
         "not in the store": {"files": {**files, "extra.json": digest_of(b"never uploaded")}},
         "invalid file name": {"files": {**files, "../escape.json": files["config.json"]}},
+        "invalid file name 'sub/config.json': must be the name of a file at the top": {
+            "files": {**files, "sub/config.json": files["config.json"]}},
         "has no config.json": {"files": {k: v for k, v in files.items() if k != "config.json"}},
         "config.json is not valid JSON": {"files": {**files, "config.json": upload(store, b"{oops")}},
         "config.json has no model_type": {"files": {**files, "config.json": upload(store, b"{}")}},

@@ -16,7 +16,7 @@ import attrs
 from plugd import __version__, plugins
 from plugd.client import DaemonClient, DaemonError
 from plugd.settings import environment_help
-from plugd.store.model_files import MODEL_FILE_SUFFIXES
+from plugd.store.model_dir import model_directory_files
 from plugd.store.modelfile import ModelfileError, parse_modelfile
 from plugd.store.names import ModelName
 from plugd.store.quantize import LEVELS as QUANTIZE_LEVELS
@@ -118,11 +118,13 @@ def cmd_rm(args: argparse.Namespace) -> None:
 def upload_model_dir(client: DaemonClient, directory: Path) -> dict[str, str]:
     if not directory.is_dir():
         raise DaemonError(f"{directory} is not a directory; --from takes a Hugging Face model directory")
+    found = model_directory_files(directory)
+    for name, why in found.skipped:
+        print(f"skipping {name}: {why}", file=sys.stderr)
     files = {}
-    for path in sorted(directory.iterdir()):
-        if path.is_file() and not path.name.startswith(".") and path.suffix in MODEL_FILE_SUFFIXES:
-            print(f"copying file {path.name}", file=sys.stderr)
-            files[path.name] = client.upload_blob(path)
+    for path in found.taken:
+        print(f"copying file {path.name}", file=sys.stderr)
+        files[path.name] = client.upload_blob(path)
     if not files:
         raise DaemonError(f"{directory} holds no model files")
     return files

@@ -9,7 +9,7 @@ from typing import Any
 from attrs import define
 
 from plugd.registry.errors import RegistryError, UnsupportedFormat
-from plugd.store.model_files import MODEL_FILE_SUFFIXES
+from plugd.store.model_files import is_model_file
 
 PICKLED_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt")
 INDEX = "model.safetensors.index.json"
@@ -32,7 +32,7 @@ def model_files(source: str, listing: Iterable[HubFile]) -> list[HubFile]:
     """The repository's top-level model files: configuration, tokenizer, chat template and safetensors weights.
     A repository without safetensors weights or without config.json is refused, saying what it holds instead."""
     listing = list(listing)
-    chosen = [f for f in listing if "/" not in f.path and PurePosixPath(f.path).suffix in MODEL_FILE_SUFFIXES]
+    chosen = [f for f in listing if "/" not in f.path and is_model_file(f.path)]
     if not any(f.path.endswith(".safetensors") for f in chosen):
         suffixes = {PurePosixPath(f.path).suffix for f in listing}
         if ".gguf" in suffixes:

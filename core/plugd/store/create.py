@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import PurePosixPath
 from typing import Any
 
 from attrs import define, field
@@ -58,9 +57,9 @@ class _Draft:
 
 
 def _check_file_name(name: str) -> None:
-    path = PurePosixPath(name)
-    if not name or path.is_absolute() or ".." in path.parts or "\\" in name or name != str(path):
-        raise CreateError(f"invalid file name {name!r}: must be a relative path inside the model directory")
+    """A model's files lie side by side, as the runner reads them: a name with a folder in it is refused."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise CreateError(f"invalid file name {name!r}: must be the name of a file at the top of the model directory")
 
 
 def _draft_from_files(store: Store, files: dict[str, str]) -> _Draft:

@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
 from typing import Any
 
 from plugd.store.manifests import Layer
 from plugd.store.store import Store
 
 # The files of a Hugging Face model directory that make a model (`plugd create --from DIR` uploads them, a Hub pull
-# fetches them); weights in other formats are left out.
-MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".jinja", ".txt", ".model", ".tiktoken")
+# fetches them): weights, configuration, tokenizer, chat template, preprocessor and licence files, by name, so that
+# nothing else a directory holds (notes, a link to a secret) becomes a layer `plugd push` would publish. Weights in
+# other formats are left out.
+MODEL_FILE_NAMES = frozenset({
+    "config.json", "generation_config.json", "model.safetensors.index.json",
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "tokenizer.model",
+    "vocab.json", "vocab.txt", "merges.txt", "chat_template.json", "chat_template.jinja",
+    "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json",
+    "LICENSE", "LICENSE.txt", "LICENSE.md", "LICENCE", "LICENCE.txt", "LICENCE.md",
+})
+MODEL_FILE_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "*.jinja", "*.tiktoken")
+
+
+def is_model_file(name: str) -> bool:
+    """Whether a file called `name`, at the top of a model directory, is one a model is made of."""
+    return name in MODEL_FILE_NAMES or any(fnmatchcase(name, pattern) for pattern in MODEL_FILE_PATTERNS)
 
 
 class MalformedModelFile(ValueError):
