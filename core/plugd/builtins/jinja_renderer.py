@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from contextvars import ContextVar
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
 from jinja2 import TemplateError, TemplateSyntaxError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
 from plugd.hookspecs import Renderer, RenderRequest, hookimpl
 from plugd.types import Message, Prompt, Tool
@@ -23,13 +25,52 @@ def _raise(message: str) -> None:
     raise ChatTemplateError(message)
 
 
+# A render ends with an error past these: a template can loop for hours (nested ranges) or build a prompt no model
+# could read, and either holds a worker and the model's slot meanwhile.
+RENDER_SECONDS = 5.0
+RENDER_CHARACTERS = 64 << 20
+_deadline: ContextVar[float] = ContextVar("render_deadline", default=float("inf"))
+
+
+def _check_deadline() -> None:
+    if time.monotonic() > _deadline.get():
+        raise ChatTemplateError(f"the chat template ran for more than {RENDER_SECONDS:g} s and was stopped")
+
+
+def _timed_range(*args: int):
+    """The sandbox's range, checking the render's deadline as a loop takes its items: a loop that writes
+    nothing yields no output at which the deadline could otherwise be checked."""
+    for index, value in enumerate(safe_range(*args)):
+        if index % 4096 == 0:
+            _check_deadline()
+        yield value
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """The sandbox, with `*` and `**` bounded: 'x' * 10**10 or 9 ** 10**9 would take the memory or the time at once."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            for sequence, count in ((left, right), (right, left)):
+                if isinstance(sequence, (str, list, tuple)) and isinstance(count, int) and \
+                        len(sequence) * count > RENDER_CHARACTERS:
+                    raise ChatTemplateError("the chat template builds a value too large to render")
+        if operator == "**" and isinstance(right, int) and abs(right) > 1024 and isinstance(left, int) and \
+                abs(left) > 1:
+            raise ChatTemplateError("the chat template raises a number to a power too large to render")
+        return super().call_binop(context, operator, left, right)
+
+
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys=False):
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 @lru_cache(maxsize=32)
 def _compile(source: str):
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.globals["range"] = _timed_range
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -99,14 +140,30 @@ def render(request: RenderRequest) -> Prompt:
     if request.think is not None:
         context["enable_thinking"] = bool(request.think)
     try:
-        text = _compile(template).render(**context)
+        text = _render_limited(_compile(template), context)
     except ChatTemplateError:
         raise
-    except (TemplateError, TypeError, ValueError, LookupError, AttributeError) as exc:
+    except (TemplateError, TypeError, ValueError, LookupError, AttributeError, ArithmeticError, RecursionError) as exc:
         # A template that cannot handle this conversation (e.g. image parts in a text-only one) refuses it.
         raise ChatTemplateError(f"chat template error: {exc}") from exc
     images = [image for m in request.messages for image in m.images]
     return Prompt(text=text, media=images)
+
+
+def _render_limited(template, context: dict[str, Any]) -> str:
+    """The template's output, piece by piece, within RENDER_SECONDS and RENDER_CHARACTERS."""
+    token = _deadline.set(time.monotonic() + RENDER_SECONDS)
+    try:
+        pieces, size = [], 0
+        for piece in template.generate(**context):
+            pieces.append(piece)
+            size += len(piece)
+            if size > RENDER_CHARACTERS:
+                raise ChatTemplateError(f"the chat template wrote more than {RENDER_CHARACTERS >> 20} Mi characters")
+            _check_deadline()
+        return "".join(pieces)
+    finally:
+        _deadline.reset(token)
 
 
 FALLBACK_RENDERER = "jinja"

@@ -87,14 +87,19 @@ def _tools(request: ChatRequest) -> list[Tool]:
     return [] if request.tool_choice.mode == "none" else request.tools
 
 
-def _render(render: RenderFunction, model: ResolvedModel, request: ChatRequest, messages: list[Message],
-            preparer: MediaPreparer) -> Prompt:
-    """The prompt of `messages`, its images in formats the model takes."""
-    try:
-        prompt = render(RenderRequest(model.model_files, messages, _tools(request), request.think))
-    except ValueError as exc:
-        raise InvalidRequest(str(exc)) from None
-    return Prompt(prompt.text, preparer.prepare(prompt.media))
+async def _render(render: RenderFunction, model: ResolvedModel, request: ChatRequest, messages: list[Message],
+                  preparer: MediaPreparer) -> Prompt:
+    """The prompt of `messages`, its images in formats the model takes; rendered and converted in a worker thread,
+    so that a slow template or a large image never holds the event loop (and every other request) up."""
+
+    def rendered() -> Prompt:
+        try:
+            prompt = render(RenderRequest(model.model_files, messages, _tools(request), request.think))
+        except ValueError as exc:
+            raise InvalidRequest(f"model '{model.name}': {exc}") from None
+        return Prompt(prompt.text, preparer.prepare(prompt.media))
+
+    return await anyio.to_thread.run_sync(rendered)
 
 
 def _tokenize_body(prompt: Prompt) -> dict[str, Any]:
@@ -120,7 +125,7 @@ async def _fitted_prompt(render: RenderFunction, model: ResolvedModel, request: 
     """
     messages = _conversation(model, request)
     while True:
-        prompt = _render(render, model, request, messages, preparer)
+        prompt = await _render(render, model, request, messages, preparer)
         if not request.truncates:
             return prompt
         droppable = [i for i, m in enumerate(messages[:-1]) if m.role not in ("system", "developer", "tool")]
@@ -224,10 +229,10 @@ async def _prepared(services: Services, request: ChatRequest) -> _Prepared:
     return _Prepared(model, options, keep_alive)
 
 
-def _whole_prompt(services: Services, model: ResolvedModel, request: ChatRequest) -> Prompt:
+async def _whole_prompt(services: Services, model: ResolvedModel, request: ChatRequest) -> Prompt:
     if request.raw_prompt is not None:
         return Prompt(request.raw_prompt)
-    return _render(_renderer(services, model, request), model, request, _conversation(model, request),
+    return await _render(_renderer(services, model, request), model, request, _conversation(model, request),
                    _media_preparer(services, model))
 
 
@@ -238,7 +243,7 @@ def _media_preparer(services: Services, model: ResolvedModel) -> MediaPreparer:
 async def render_only(services: Services, request: ChatRequest) -> Prompt:
     """The prompt `request` would be given, without loading the model (and without fitting it to num_ctx)."""
     grammar_engine(services.registry, request)
-    return _whole_prompt(services, (await _prepared(services, request)).model, request)
+    return await _whole_prompt(services, (await _prepared(services, request)).model, request)
 
 
 async def count_tokens(services: Services, request: ChatRequest) -> int:
@@ -248,7 +253,7 @@ async def count_tokens(services: Services, request: ChatRequest) -> int:
     prompt, so counting needs no grammar engine.
     """
     prepared = await _prepared(services, request)
-    prompt = _whole_prompt(services, prepared.model, request)  # images refused here, before a load
+    prompt = await _whole_prompt(services, prepared.model, request)  # images refused here, before a load
     async with services.scheduler.acquire(prepared.model, prepared.options.num_ctx, prepared.keep_alive) as loaded:
         return len((await loaded.runner.post("/tokenize", _tokenize_body(prompt)))["tokens"])
 
@@ -272,7 +277,8 @@ async def run(services: Services, request: ChatRequest,
     render = None if load_only or request.raw_prompt is not None else _renderer(services, model, request)
     parser_kind = None if load_only else _parser(services, model, request)
     preparer = _media_preparer(services, model)
-    preparer.prepare([image for message in request.messages for image in message.images])  # refused before a load
+    images = [image for message in request.messages for image in message.images]
+    await anyio.to_thread.run_sync(preparer.prepare, images)  # refused before a load
 
     async with services.scheduler.acquire(model, options.num_ctx, keep_alive) as loaded:
         options = attrs.evolve(options, num_ctx=loaded.num_ctx)  # the model's default context when none was set
