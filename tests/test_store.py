@@ -4,9 +4,12 @@ import hashlib
 import json
 import mmap
 import os
+import subprocess
+import sys
 import threading
 import time
 
+import httpx
 import pytest
 from safetensors.numpy import load_file
 
@@ -16,7 +19,7 @@ from plugd.store.blobs import DigestMismatch, InvalidDigest
 from plugd.store.create import CreateError, CreateRequest, create_model
 from plugd.store.names import ModelName
 from plugd.store.partial import PARTIAL_DIR, RECORD_PREFIX, STALE_AFTER, Part, PartialBlob, remove_stale
-from plugd.store.store import CorruptModel, ModelNotFound, Store
+from plugd.store.store import PRUNE_GRACE_SECONDS, CorruptModel, ModelNotFound, Store
 from plugd.testing.checkpoints import write_checkpoint
 
 
@@ -133,6 +136,9 @@ def test_malformed_manifest_is_skipped_and_blocks_pruning(store, registry, tiny_
     store.prune()
     assert store.blobs.exists(orphan), "pruning must not guess what an unreadable manifest refers to"
     broken.unlink()
+    store.prune()
+    assert store.blobs.exists(orphan), "an upload is kept for the create that may follow"
+    age(store.blobs.path(orphan), PRUNE_GRACE_SECONDS / 86400 + 0.01)
     store.prune()
     assert not store.blobs.exists(orphan)
     assert store.get(ModelName.parse("tiny"))
@@ -324,7 +330,7 @@ def test_an_interrupted_pull_is_kept_for_a_while_then_cleaned(store):
     store.prune()
     assert store.blobs.exists(manifest.config.digest) and partial.exists() and record.exists()
 
-    for path in (record, partial, partial.with_name(partial.name + ".parts")):
+    for path in (record, partial, partial.with_name(partial.name + ".parts"), store.blobs.path(manifest.config.digest)):
         age(path, STALE_AFTER / 86400 + 1)
     store.prune()
     assert not store.blobs.exists(manifest.config.digest)
@@ -383,3 +389,19 @@ def test_a_partial_blob_takes_aligned_and_unaligned_writes(store):
         assert os.pread(download.fd, len(data), 0) == data
         download.publish()
     assert store.blobs.path(digest_of(data)).read_bytes() == data
+
+
+def test_a_second_daemon_on_the_same_store_exits_naming_the_first(plugd_server, tmp_path):
+    """It would prune the first one's uploads in progress; it stops before touching the store."""
+    upload = plugd_server.models / "blobs" / ("sha256-" + "1" * 64)
+    upload.parent.mkdir(parents=True, exist_ok=True)
+    upload.write_bytes(b"uploaded, its create still to come")
+    second = subprocess.run([sys.executable, "-m", "plugd", "serve"], capture_output=True, text=True, timeout=60,
+                            env={**plugd_server.env, "PLUGD_HOST": "127.0.0.1:0"})
+    assert second.returncode == 1
+    assert second.stderr.strip() == (
+        f"Error: the model store {plugd_server.models} is in use by another plugd serve (pid "
+        f"{plugd_server.process.pid}, listening on 127.0.0.1:{plugd_server.port}); stop it first, or give this one "
+        "PLUGD_MODELS of its own")
+    assert upload.exists()
+    assert httpx.get(f"{plugd_server.url}/api/tags").status_code == 200

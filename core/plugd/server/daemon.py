@@ -17,6 +17,7 @@ from plugd.server.app import create_app
 from plugd.server.cors import cors_config, origin_guard
 from plugd.server.hosts import loopback_host_guard
 from plugd.settings import daemon_address
+from plugd.store.owner import StoreInUse, StoreOwner
 from plugd.store.store import Store
 
 log = logging.getLogger("plugd")
@@ -38,7 +39,8 @@ def serve() -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # the daemon's own calls to its runners and registries
+    for noisy in ("httpx", "httpcore"):  # the daemon's own calls to its runners and registries
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     host, port = daemon_address()
     try:
         sock = _bind(host, port)
@@ -49,6 +51,13 @@ def serve() -> int:
     if orphans := remove_orphans():
         log.info("removed %d scratch folders of daemons that are gone", len(orphans))
     store = Store()
+    try:
+        owner = StoreOwner(store.root)
+        owner.claim(f"{host}:{port}")
+    except StoreInUse as exc:
+        sock.close()
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
     if os.environ.get("PLUGD_NOPRUNE"):
         store.blobs.remove_partials()
     else:

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
@@ -20,6 +21,9 @@ from plugd.store.names import ModelName
 from plugd.store.partial import pull_record, pulled_digests, remove_stale
 
 log = logging.getLogger(__name__)
+
+# How long an unreferenced blob is kept: between `plugd create`'s uploads and its create, a restart can come.
+PRUNE_GRACE_SECONDS = 3600
 
 
 class ModelNotFound(LookupError):
@@ -140,8 +144,9 @@ class Store:
             yield
 
     def prune(self) -> None:
-        """Remove blobs no manifest or pull refers to, leftovers of interrupted writes, and what pulls interrupted
-        over `partial.STALE_AFTER` ago left behind."""
+        """Remove blobs no manifest or pull refers to (once older than PRUNE_GRACE_SECONDS: `plugd create` uploads
+        its files, then creates), leftovers of interrupted writes, and what pulls interrupted over
+        `partial.STALE_AFTER` ago left behind."""
         with self.lock:
             self.blobs.remove_partials()
             remove_stale(self.blobs)
@@ -149,7 +154,10 @@ class Store:
             if still_used is None:
                 log.warning("not pruning blobs: some manifests are unreadable")
                 return
+            settled = time.time() - PRUNE_GRACE_SECONDS
             for digest in self.blobs.digests() - still_used:
+                if self.blobs.path(digest).stat().st_mtime > settled:
+                    continue  # uploaded for a create that is still to come
                 log.info("pruning unreferenced blob %s", digest)
                 self._remove_blob(digest)
 
