@@ -42,6 +42,8 @@ ENVIRONMENT = (
     Variable("PLUGD_CONTEXT_LENGTH", "each model's maximum, lowered to what its caches fit in the memory left "
              "after its weights and prompt cache, at least 4096", "num_ctx of requests that set none"),
     Variable("PLUGD_LOAD_TIMEOUT", "600", "seconds a runner may take to load its model"),
+    Variable("PLUGD_RUNNER_TIMEOUT", "120", "seconds a loaded runner may go without progress (a prefill chunk, a "
+             "token, a status answer) before it is killed as wedged and loaded again by the next request"),
     Variable("PLUGD_LOG_LEVEL", "INFO", "daemon and runner log level; DEBUG also logs each rendered prompt"),
     Variable("PLUGD_ORIGINS", "unset",
              "comma-separated web origins (* as a wildcard) that may call the API from a browser, besides Ollama's "

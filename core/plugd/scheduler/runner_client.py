@@ -21,6 +21,11 @@ from plugd.scratch import scratch_prefix
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT = float(os.environ.get("PLUGD_LOAD_TIMEOUT", "600"))
+# A runner writes at least once per prefill chunk and per generated token, and answers a status call at once; one
+# silent for longer is wedged (stopped, deadlocked, swapping): it is killed, its requests fail saying so, and the
+# next request loads the model again.
+PROGRESS_TIMEOUT = float(os.environ.get("PLUGD_RUNNER_TIMEOUT", "120"))
+STATUS_TIMEOUT = min(10.0, PROGRESS_TIMEOUT)
 
 
 class RunnerError(RuntimeError):
@@ -74,7 +79,7 @@ class RunnerProcess:
         self._lock = asyncio.Lock()
         self.http = httpx.AsyncClient(
             transport=httpx.AsyncHTTPTransport(uds=str(self.socket)), base_url="http://runner",
-            timeout=httpx.Timeout(30.0, read=None),
+            timeout=httpx.Timeout(30.0, read=PROGRESS_TIMEOUT),
         )
 
     def _model_dir(self) -> Path:
@@ -145,9 +150,19 @@ class RunnerProcess:
             await self.http.aclose()
             shutil.rmtree(self.workdir, ignore_errors=True)
 
+    def _stop_wedged(self, silent_for: float) -> RunnerError:
+        """Kill a runner that stopped answering (the scheduler's watch then forgets it); the error to raise."""
+        if self.process is not None and self.process.returncode is None:
+            log.error("model runner %d made no progress for %g s: killing it", self.process.pid, silent_for)
+            self.process.kill()
+        return RunnerError(f"the model runner made no progress for {silent_for:g} s and was stopped; "
+                           "the next request loads the model again")
+
     async def post(self, path: str, body: dict[str, Any]) -> Any:
         try:
             response = await self.http.post(path, json=body)
+        except httpx.ReadTimeout:
+            raise self._stop_wedged(PROGRESS_TIMEOUT) from None
         except httpx.TransportError:
             raise RunnerError(self.failure() if self.process.returncode is not None else "runner unreachable") from None
         if response.status_code == 400:
@@ -157,7 +172,10 @@ class RunnerProcess:
         return response.json()
 
     async def status(self) -> dict[str, Any]:
-        return (await self.http.get("/status")).json()
+        try:
+            return (await self.http.get("/status", timeout=STATUS_TIMEOUT)).json()
+        except httpx.TimeoutException:
+            raise self._stop_wedged(STATUS_TIMEOUT) from None
 
     async def completion(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """The runner's NDJSON events; a runner that dies mid-stream raises RunnerError."""
@@ -172,6 +190,8 @@ class RunnerProcess:
                         if "error" in event:
                             raise RunnerError(event["error"])
                         yield event
+        except httpx.ReadTimeout:
+            raise self._stop_wedged(PROGRESS_TIMEOUT) from None
         except (httpx.TransportError, json.JSONDecodeError):
             await asyncio.sleep(0.05)  # let the exit status arrive so the message can say what happened
             raise RunnerError(

@@ -16,7 +16,7 @@ from cattrs.gen import make_dict_structure_fn, override
 from litestar import Request, Response, delete, get, head, post
 
 from plugd import __version__
-from plugd.scheduler.runner_client import RunnerProcess
+from plugd.scheduler.runner_client import RunnerError, RunnerProcess
 from plugd.server.bodies import BadRequest, read_body
 from plugd.server.model_views import details, show_payload, tags_entry
 from plugd.server.sse import NDJSON, streamed
@@ -98,11 +98,19 @@ async def tags(request: Request) -> dict[str, Any]:
 async def ps(request: Request) -> dict[str, Any]:
     scheduler = request.app.state.services.scheduler
     models = []
-    for entry in scheduler.loaded.values():
+    entries = list(scheduler.loaded.values())
+    statuses: list[dict[str, Any]] = [{}] * len(entries)
+
+    async def fetch(index: int, runner: RunnerProcess) -> None:
+        statuses[index] = await _status(runner)
+
+    async with anyio.create_task_group() as tasks:  # at once: a wedged runner delays the answer by one timeout
+        for index, entry in enumerate(entries):
+            tasks.start_soon(fetch, index, entry.runner)
+    for entry, status in zip(entries, statuses):
         name = entry.model.name.display()
         expires = "0001-01-01T00:00:00Z" if entry.expires_at == math.inf else datetime.fromtimestamp(
             entry.expires_at, UTC).isoformat()
-        status = await _status(entry.runner)
         models.append({
             "name": name,
             "model": name,
@@ -117,10 +125,11 @@ async def ps(request: Request) -> dict[str, Any]:
 
 
 async def _status(runner: RunnerProcess) -> dict[str, Any]:
-    """The runner's status (its device, its prompt cache's figures); empty while it cannot answer."""
+    """The runner's status (its device, its prompt cache's figures); empty while it cannot answer (one that
+    answers nothing within STATUS_TIMEOUT is killed as wedged)."""
     try:
         return await runner.status()
-    except (httpx.HTTPError, ValueError):
+    except (httpx.HTTPError, ValueError, RunnerError):
         return {}
 
 
