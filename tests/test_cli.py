@@ -200,7 +200,7 @@ def test_an_unknown_quantization_is_refused_before_any_upload(plugd_server, tiny
         "plugd create: error: argument -q/--quantize: unsupported quantization 'q2': plugd quantizes to q4 or q8 "
         "(MLX affine)")
     assert "copying file" not in result.stderr
-    assert not any(path.is_file() for path in plugd_server.models.rglob("*"))
+    assert not any(path.is_file() for path in (plugd_server.models / "blobs").rglob("*"))
 
 
 def test_output_into_a_closed_pipe_ends_without_a_traceback():
