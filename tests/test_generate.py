@@ -235,7 +235,7 @@ def test_generation_errors_are_ollama_shaped(client, plugd_server):
         ({"model": "tiny", "prompt": "x", "keep_alive": "soon"}, 400, "invalid keep_alive"),
         ({"model": "tiny", "prompt": "x", "options": {"temperature": "hot"}}, 400, "invalid options"),
         ({"model": "tiny", "prompt": "x", "options": {"num_ctx": -5}}, 400,
-         "invalid options: num_ctx must be at least 1, not -5"),
+         "invalid options: num_ctx must be between 1 and 2147483647, not -5"),
         ({"model": "tiny", "prompt": "x", "options": {"top_p": 1.5}}, 400, "top_p must be between 0 and 1, not 1.5"),
         ({"model": "missing", "prompt": "x"}, 404, "not found"),
         ({"model": "tiny", "prompt": "x", "suffix": "y"}, 400, "does not support insert"),

@@ -116,26 +116,56 @@ def _surely_fits(prompt: Prompt, num_ctx: int) -> bool:
     return not prompt.media and len(prompt.text.encode()) + ADDED_TOKENS_BOUND <= num_ctx
 
 
+def _droppable_turns(messages: list[Message]) -> list[range]:
+    """The turns truncation may drop, oldest first: each message but system ones and the last, an assistant turn
+    together with the tool results that answer it."""
+    turns, index, last = [], 0, len(messages) - 1
+    while index < last:
+        if messages[index].role in ("system", "developer", "tool"):
+            index += 1
+            continue
+        end = index + 1
+        while end < last and messages[end].role == "tool":
+            end += 1
+        turns.append(range(index, end))
+        index = end
+    return turns
+
+
 async def _fitted_prompt(render: RenderFunction, model: ResolvedModel, request: ChatRequest, runner: RunnerProcess,
                          num_ctx: int, preparer: MediaPreparer) -> Prompt:
     """The rendered conversation, dropping its oldest turns (never system ones, never the last) until it fits num_ctx.
 
     An assistant turn goes together with the tool results that answer it (and a turn with its images). A request
-    that does not truncate keeps every turn: the runner refuses the prompt if it does not fit.
+    that does not truncate keeps every turn: the runner refuses the prompt if it does not fit. The fewest turns to
+    drop are found by bisection, so a conversation of n turns costs about log2(n) renders, not n.
     """
     messages = _conversation(model, request)
-    while True:
-        prompt = await _render(render, model, request, messages, preparer)
-        if not request.truncates:
-            return prompt
-        droppable = [i for i, m in enumerate(messages[:-1]) if m.role not in ("system", "developer", "tool")]
-        if not droppable or _surely_fits(prompt, num_ctx) or (
-                len((await runner.post("/tokenize", _tokenize_body(prompt)))["tokens"]) <= num_ctx):
-            return prompt
-        end = droppable[0] + 1
-        while end < len(messages) - 1 and messages[end].role == "tool":
-            end += 1
-        del messages[droppable[0]:end]
+
+    async def without_oldest(count: int) -> Prompt:
+        dropped = {index for turn in turns[:count] for index in turn}
+        return await _render(render, model, request, [m for i, m in enumerate(messages) if i not in dropped], preparer)
+
+    async def fits(prompt: Prompt) -> bool:
+        return _surely_fits(prompt, num_ctx) or len(
+            (await runner.post("/tokenize", _tokenize_body(prompt)))["tokens"]) <= num_ctx
+
+    prompt = await _render(render, model, request, messages, preparer)
+    turns = _droppable_turns(messages)
+    if not request.truncates or not turns or await fits(prompt):
+        return prompt
+    low, high = 0, len(turns)  # dropping `low` turns does not fit; dropping `high` fits, or is all there is
+    best = await without_oldest(high)
+    if not await fits(best):
+        return best  # the runner truncates what is left, or refuses it
+    while high - low > 1:
+        middle = (low + high) // 2
+        candidate = await without_oldest(middle)
+        if await fits(candidate):
+            high, best = middle, candidate
+        else:
+            low = middle
+    return best
 
 
 def _parser(services: Services, model: ResolvedModel, request: ChatRequest) -> Parser | None:
