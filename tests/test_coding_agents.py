@@ -158,7 +158,7 @@ def round_trip(workspace: Workspace, command: list[str], env: dict[str, str], *,
 def test_claude_code_runs_a_command_and_answers_from_its_output(workspace):
     """`claude -p`, as its docs say to point it at another Anthropic API; Bash allowed for `cat`, as -p needs."""
     command = [str(CLIENTS / "claude"), "-p", "--model", MODEL, "--allowedTools=Bash(cat:*)", TASK]
-    env = {"ANTHROPIC_BASE_URL": workspace.server.url, "ANTHROPIC_API_KEY": "plugd"}
+    env = {"ANTHROPIC_BASE_URL": workspace.server.url, "ANTHROPIC_AUTH_TOKEN": "plugd"}
 
     def is_task(prompt: str) -> bool:
         return '"name": "Bash"' in prompt and "<tool_response>" not in prompt
