@@ -1,20 +1,17 @@
-"""Built-in memory fit: models may use what they hold now plus the memory the system reports as available."""
+"""Built-in memory fit: models may use what they hold now plus the memory the system reports as available
+(psutil's figure: MemAvailable on Linux, free plus inactive pages on macOS)."""
 
 from __future__ import annotations
 
-import os
+import psutil
 
 from plugd.hookspecs import MemoryFit, hookimpl
-from plugd.procfs import kib_field
 
 
 def available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo on Linux; free physical pages elsewhere when the platform reports them."""
-    if (available := kib_field("/proc/meminfo", "MemAvailable")) is not None:
-        return available
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
+        return psutil.virtual_memory().available
+    except (OSError, RuntimeError):  # a platform psutil cannot read
         return None
 
 

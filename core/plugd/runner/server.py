@@ -179,7 +179,15 @@ async def status(request: Request) -> dict[str, Any]:
     host = _host(request)
     # Read off the MLX thread: a snapshot of two counters, good enough for a status line.
     return {"status": "ready", "load_seconds": host.load_seconds, "memory": host.memory(),
-            "cache": host.engine.cache.stats(), "device": mx.default_device().type.name}
+            "cache": host.engine.cache.stats(), "device": mx.default_device().type.name} | _working_set()
+
+
+def _working_set() -> dict[str, int]:
+    """On Metal, the most the GPU should hold at once (Metal's recommendedMaxWorkingSetSize), which bounds all
+    loaded models together however much memory the system reports free: past it, Metal pages."""
+    if not mx.metal.is_available():
+        return {}
+    return {"working_set_bytes": int(mx.device_info()["max_recommended_working_set_size"])}
 
 
 @post("/completion", status_code=200)

@@ -146,10 +146,11 @@ class InsufficientMemory(RuntimeError):
         )
 
 
-def budget(registry: Registry, held: int) -> int | None:
-    """The tightest bound the memory-fit plugins give the loaded models holding `held` bytes now, None when none
-    has an opinion."""
-    bounds = []
+def budget(registry: Registry, held: int, device_limit: int | None = None) -> int | None:
+    """The tightest bound the memory-fit plugins give the loaded models holding `held` bytes now, and
+    `device_limit` (the most a GPU should hold, as a runner reports it: Metal's working set), None when none has
+    an opinion."""
+    bounds = [] if device_limit is None else [device_limit]
     for fit in registry.items.get("plugd_memory_fits", []):
         try:
             bound = fit.budget(held)

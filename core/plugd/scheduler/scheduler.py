@@ -11,13 +11,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
+import httpx
 from attrs import define, field
 
 from plugd.cache_policies import chosen_policy
 from plugd.chat.models import ResolvedModel
 from plugd.plugins import Registry
 from plugd.scheduler import memory
-from plugd.scheduler.runner_client import RunnerProcess
+from plugd.scheduler.runner_client import RunnerError, RunnerProcess
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class Scheduler:
         self.registry = registry
         self.cache_policy = chosen_policy(registry.named("plugd_cache_policies"))
         self.max_loaded = int(os.environ.get("PLUGD_MAX_LOADED_MODELS") or 0) or math.inf
+        self.device_limit: int | None = None  # the GPU's working set, once a runner has reported it
         self.max_queue = int(os.environ.get("PLUGD_MAX_QUEUE") or 512)
         self.loaded: dict[str, Loaded] = {}  # by manifest digest
         self.waiting = 0
@@ -81,7 +83,7 @@ class Scheduler:
         ones count as free: they are evicted if the load needs their memory)."""
         maximum = model.config.get("context_length")
         held, _ = self._memory()
-        bound = memory.budget(self.registry, held)
+        bound = memory.budget(self.registry, held, self.device_limit)
         if bound is None:
             return memory.default_context(model.model_files.config, math.inf, maximum)
         busy = sum(self._claim(entry)[1] for entry in self.loaded.values() if entry.active > 0)
@@ -168,18 +170,30 @@ class Scheduler:
                 await entry.runner.close()
                 raise
             entry.resident_at_ready = memory.resident_bytes(entry.runner.pid)
+            await self._learn_device_limit(entry.runner)
             async with self.changed:
                 self.loaded[model.digest] = entry
                 self._hold(entry)
             asyncio.get_running_loop().create_task(self._watch(entry))
             return entry
 
+    async def _learn_device_limit(self, runner: RunnerProcess) -> None:
+        """The GPU's bound on what all models hold, from the first runner that reports one (the daemon imports no
+        MLX); later loads fit under it, evicting idle models as the memory fits do."""
+        if self.device_limit is None:
+            try:
+                self.device_limit = (await runner.status()).get("working_set_bytes")
+            except (RunnerError, httpx.HTTPError, ValueError):
+                return
+            if self.device_limit is not None:
+                log.info("the GPU's working set bounds loaded models to %.1f MiB", self.device_limit / 2**20)
+
     async def _make_room(self, model: ResolvedModel, needed: int) -> bool:
         """Evict idle models until `needed` fits; False to wait for busy ones; InsufficientMemory if it never fits."""
         while True:
             idle = sorted((e for e in self.loaded.values() if e.active == 0), key=lambda e: e.last_used)
             held, claimed = self._memory()
-            bound = memory.budget(self.registry, held)
+            bound = memory.budget(self.registry, held, self.device_limit)
             fits = bound is None or needed + claimed <= bound
             if fits and len(self.loaded) < self.max_loaded:
                 return True
@@ -199,7 +213,7 @@ class Scheduler:
             return None
         wanted = self.cache_policy.budget()
         held, claimed = self._memory()
-        bound = memory.budget(self.registry, held)
+        bound = memory.budget(self.registry, held, self.device_limit)
         if bound is None:
             return wanted
         room = max(0, bound - claimed - needed)
