@@ -62,6 +62,9 @@ def cmd_list(args: argparse.Namespace) -> None:
     rows = [["NAME", "ID", "SIZE", "MODIFIED"]]
     rows += [[m["name"], m["digest"][:12], human_size(m["size"]), human_age(m["modified_at"])] for m in models]
     print(table(rows))
+    for m in models:
+        if "damaged" in m:
+            print(f"{m['name']} is damaged: {m['damaged']}", file=sys.stderr)
 
 
 SHOW_FIELDS = ("modelfile", "parameters", "template", "system", "license")
@@ -77,6 +80,8 @@ def show_model(model: str, field: str | None = None, verbose: bool = False) -> N
     if field is not None:
         print(info.get(field, ""))
         return
+    if "damaged" in info:
+        print(f"damaged: {info['damaged']}", file=sys.stderr)
     details, model_info = info["details"], info["model_info"]
     family = model_info.get("general.architecture", "")
     sections: list[tuple[str, list[list[str]]]] = [

@@ -12,11 +12,12 @@ from attrs import define
 from plugd.hookspecs import Architecture, ModelFiles
 from plugd.plugins import Registry
 from plugd.store import manifests as mt
+from plugd.store.integrity import damage
 from plugd.store.metadata import tensor_metadata
 from plugd.store.model_files import chat_template, read_json
 from plugd.store.names import ModelName
 from plugd.store.ollama_format import config_view
-from plugd.store.store import Store, StoredModel
+from plugd.store.store import CorruptModel, Store, StoredModel
 from plugd.types import Message
 
 
@@ -49,8 +50,12 @@ class ResolvedModel:
 
 
 def resolve(store: Store, registry: Registry, name: ModelName) -> ResolvedModel:
-    """The model `name` points at now; only its manifest is read when it was resolved before."""
-    return _resolve(store, registry, store.get(name))
+    """The model `name` points at now; only its manifest is read, and its blobs checked, when it was resolved
+    before. CorruptModel when a blob is missing or changed (plugd.store.integrity)."""
+    model = store.get(name)
+    if (problem := damage(store, model.manifest)) is not None:
+        raise CorruptModel(f"model '{name.display()}' is damaged: {problem}; pull or create it again")
+    return _resolve(store, registry, model)
 
 
 @lru_cache(maxsize=64)

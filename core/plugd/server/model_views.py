@@ -7,6 +7,7 @@ from typing import Any
 
 from plugd.plugins import Registry
 from plugd.store import manifests as mt
+from plugd.store.integrity import damage
 from plugd.store.metadata import tensor_metadata
 from plugd.store.model_files import chat_template, read_json
 from plugd.store.ollama_format import config_view
@@ -139,6 +140,8 @@ def show_payload(store: Store, model: StoredModel, verbose: bool = False, regist
         "parser": config.get("parser") or "",
         "modified_at": model.modified_at.isoformat(),
     }
+    if (problem := damage(store, model.manifest, verify=False)) is not None:
+        payload["damaged"] = problem
     if verbose:
         payload["tensors"] = [
             {"name": name, "type": info["dtype"], "shape": info["shape"]}

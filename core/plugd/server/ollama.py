@@ -21,6 +21,7 @@ from plugd.server.bodies import BadRequest, read_body
 from plugd.server.model_views import details, show_payload, tags_entry
 from plugd.server.sse import NDJSON, streamed
 from plugd.store.create import CreateRequest, create_model
+from plugd.store.integrity import damage
 from plugd.store.names import ModelName
 from plugd.store.ollama_format import config_view
 from plugd.store.store import CorruptModel, Store
@@ -86,7 +87,10 @@ async def tags(request: Request) -> dict[str, Any]:
         out = []
         for model in store.list():
             try:
-                out.append(tags_entry(model, config_view(store, model)))
+                entry = tags_entry(model, config_view(store, model))
+                if (problem := damage(store, model.manifest, verify=False)) is not None:
+                    entry["damaged"] = problem  # listed, so that it can be seen and removed; loading it fails
+                out.append(entry)
             except CorruptModel as exc:
                 log.warning("leaving out of /api/tags: %s", exc)
         return out

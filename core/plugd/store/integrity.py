@@ -1,0 +1,61 @@
+"""Blobs as they are on disk, against what their manifest says and what the store saw of them last.
+
+Every load checks each blob's size, and its recorded size and modification time: a blob changed since (4 KiB
+flipped inside a weights file, say) is hashed again, and one that no longer matches its digest, or is missing,
+makes the model damaged, which the load error, `/api/show` and `/api/tags` say. A blob seen for the first time is
+recorded as it is; its digest was checked when it was written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from plugd.store.blobs import write_atomically
+from plugd.store.manifests import Layer, Manifest
+from plugd.store.store import Store
+
+
+def _record_path(store: Store, digest: str):
+    return store.metadata_dir / (store.blobs.path(digest).name + ".stat")
+
+
+def _sha256(path) -> str:
+    with path.open("rb") as f:
+        return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def blob_problem(store: Store, layer: Layer, verify: bool = True) -> str | None:
+    """What is wrong with the blob of `layer`, or None. Without `verify`, a blob changed since it was last seen is
+    reported as such instead of hashed (for listings, which must stay quick)."""
+    path = store.blobs.path(layer.digest)
+    try:
+        seen = path.stat()
+    except FileNotFoundError:
+        return "is missing"
+    if seen.st_size != layer.size:
+        return f"holds {seen.st_size} bytes, not {layer.size}"
+    now = {"size": seen.st_size, "mtime_ns": seen.st_mtime_ns}
+    record = _record_path(store, layer.digest)
+    try:
+        recorded = json.loads(record.read_text())
+    except (OSError, ValueError):
+        recorded = None
+    if recorded == now:
+        return None
+    if recorded is not None:
+        if not verify:
+            return "changed on disk since it was last verified"
+        if _sha256(path) != layer.digest:
+            return "no longer matches its sha256 digest"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(record, json.dumps(now).encode())
+    return None
+
+
+def damage(store: Store, manifest: Manifest, verify: bool = True) -> str | None:
+    """The first problem with the blobs of `manifest`, naming the blob, or None when all are as written."""
+    for layer in (manifest.config, *manifest.layers):
+        if (problem := blob_problem(store, layer, verify)) is not None:
+            return f"blob {layer.digest} ({layer.name or layer.media_type}) {problem}"
+    return None
