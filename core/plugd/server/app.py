@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 from typing import Any
 
@@ -55,6 +56,8 @@ def _error_response(request: Request, exc: Exception) -> Response[Any]:
         return Response(context_exceeded_body(request.url.path, exc), status_code=400)
     if isinstance(exc, HTTPException):
         status, message = exc.status_code, exc.detail
+    elif isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        status, message = 507, "no space left on the model store's disk: free some space, or remove models"
     else:
         status = next((code for cls, code in _STATUS.items() if isinstance(exc, cls)), 500)
         message = str(exc) or type(exc).__name__
