@@ -64,3 +64,16 @@ def test_a_blob_only_touched_is_verified_and_loads(plugd_server, model):
     os.utime(blob, (later, later))
     assert generate(plugd_server).status_code == 200
     assert "damaged" not in httpx.get(f"{plugd_server.url}/api/tags").json()["models"][0]
+
+
+def test_verify_hashes_every_blob_even_one_whose_mtime_was_kept(plugd_server, model):
+    blob, digest = model
+    assert plugd_server.cli("verify").stdout == "m:latest: ok\n"
+    stat = blob.stat()
+    with blob.open("r+b") as f:
+        f.seek(100)
+        f.write(b"\0" * 16)
+    os.utime(blob, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # what a load's quick check cannot see
+    result = plugd_server.cli("verify", "m")
+    assert result.returncode == 1
+    assert result.stdout == f"m:latest: damaged: blob {digest} (model.safetensors) no longer matches its sha256 digest\n"

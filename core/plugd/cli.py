@@ -113,6 +113,16 @@ def cmd_cp(args: argparse.Namespace) -> None:
     print(f"copied '{args.source}' to '{args.destination}'")
 
 
+def cmd_verify(args: argparse.Namespace) -> None:
+    body = {"model": args.model} if args.model else {}
+    damaged = False
+    for model in DaemonClient().json("POST", "/api/verify", body)["models"]:
+        damaged |= model["damaged"] is not None
+        print(f"{model['name']}: {'damaged: ' + model['damaged'] if model['damaged'] else 'ok'}")
+    if damaged:
+        sys.exit(1)
+
+
 def cmd_rm(args: argparse.Namespace) -> None:
     client = DaemonClient()
     for name in args.models:
@@ -264,6 +274,9 @@ def parser() -> argparse.ArgumentParser:
     p = _command(sub, "cp", cmd_cp, "copy a model")
     p.add_argument("source")
     p.add_argument("destination")
+
+    p = _command(sub, "verify", cmd_verify, "hash every blob of a model (of all without one) against its digest")
+    p.add_argument("model", nargs="?")
 
     p = _command(sub, "rm", cmd_rm, "remove models")
     p.add_argument("models", nargs="+")

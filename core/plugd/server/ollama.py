@@ -147,6 +147,19 @@ async def show(request: Request) -> dict[str, Any]:
         lambda: show_payload(store, store.get(name), verbose=body.verbose, registry=registry))
 
 
+@post("/api/verify", status_code=200)
+async def verify(request: Request) -> dict[str, Any]:
+    """plugd's own: every blob of the named model (of all models without a name) hashed against its digest."""
+    body = await read_body(request, ModelRequest)
+    store = _store(request)
+
+    def check() -> list[dict[str, Any]]:
+        models = [store.get(body.model_name())] if body.model or body.name else store.list()
+        return [{"name": m.name.display(), "damaged": damage(store, m.manifest, full=True)} for m in models]
+
+    return {"models": await anyio.to_thread.run_sync(check)}
+
+
 @post("/api/copy", status_code=200)
 async def copy(request: Request) -> None:
     body = await read_body(request, CopyRequest)
@@ -205,4 +218,4 @@ async def _ndjson(items) -> AsyncIterator[bytes]:
         yield json.dumps(item).encode() + b"\n"
 
 
-ROUTES = [root, root_head, version, tags, ps, show, copy, delete_model, blob_exists, upload_blob, create]
+ROUTES = [root, root_head, version, tags, ps, show, verify, copy, delete_model, blob_exists, upload_blob, create]

@@ -3,7 +3,7 @@
 Every load checks each blob's size, and its recorded size and modification time: a blob changed since (4 KiB
 flipped inside a weights file, say) is hashed again, and one that no longer matches its digest, or is missing,
 makes the model damaged, which the load error, `/api/show` and `/api/tags` say. A blob seen for the first time is
-recorded as it is; its digest was checked when it was written.
+recorded as it is; its digest was checked when it was written. `plugd verify` hashes every blob.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ def _sha256(path) -> str:
         return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def blob_problem(store: Store, layer: Layer, verify: bool = True) -> str | None:
+def blob_problem(store: Store, layer: Layer, verify: bool = True, full: bool = False) -> str | None:
     """What is wrong with the blob of `layer`, or None. Without `verify`, a blob changed since it was last seen is
-    reported as such instead of hashed (for listings, which must stay quick)."""
+    reported as such instead of hashed (for listings, which must stay quick); with `full`, every blob is hashed,
+    changed or not (`plugd verify`)."""
     path = store.blobs.path(layer.digest)
     try:
         seen = path.stat()
@@ -41,9 +42,9 @@ def blob_problem(store: Store, layer: Layer, verify: bool = True) -> str | None:
         recorded = json.loads(record.read_text())
     except (OSError, ValueError):
         recorded = None
-    if recorded == now:
+    if recorded == now and not full:
         return None
-    if recorded is not None:
+    if recorded is not None or full:
         if not verify:
             return "changed on disk since it was last verified"
         if _sha256(path) != layer.digest:
@@ -53,9 +54,9 @@ def blob_problem(store: Store, layer: Layer, verify: bool = True) -> str | None:
     return None
 
 
-def damage(store: Store, manifest: Manifest, verify: bool = True) -> str | None:
+def damage(store: Store, manifest: Manifest, verify: bool = True, full: bool = False) -> str | None:
     """The first problem with the blobs of `manifest`, naming the blob, or None when all are as written."""
     for layer in (manifest.config, *manifest.layers):
-        if (problem := blob_problem(store, layer, verify)) is not None:
+        if (problem := blob_problem(store, layer, verify, full)) is not None:
             return f"blob {layer.digest} ({layer.name or layer.media_type}) {problem}"
     return None
