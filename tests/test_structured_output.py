@@ -184,10 +184,11 @@ def test_the_runner_refuses_before_any_output_and_stays_usable(checkpoint):
     assert validate(TODO, "".join(e["text"] for e in events if "prefill" not in e)) is None
 
 
-def test_without_an_engine_plain_inference_works_and_format_is_refused(server, tmp_path):
+def test_without_an_engine_plain_inference_works_and_format_is_refused(checkpoint, tmp_path):
     others = [p.name for p in plugins.load().plugins if not p.builtin and p.name != "xgrammar"]
-    bare = LiveServer(server.models, env={"PLUGD_PLUGINS": ",".join(others)})
+    bare = LiveServer(tmp_path / "models", env={"PLUGD_PLUGINS": ",".join(others)})  # a store of its own: one daemon each
     try:
+        bare.cli("create", MODEL, "--from", str(checkpoint), check=True)
         plain = httpx.post(f"{bare.url}/api/generate", timeout=120,
                            json={"model": MODEL, "prompt": "hi", "stream": False, "options": {"num_predict": 3}})
         assert plain.status_code == 200 and plain.json()["eval_count"] > 0
