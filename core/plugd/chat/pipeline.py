@@ -263,7 +263,7 @@ async def _whole_prompt(services: Services, model: ResolvedModel, request: ChatR
     if request.raw_prompt is not None:
         return Prompt(request.raw_prompt)
     return await _render(_renderer(services, model, request), model, request, _conversation(model, request),
-                   _media_preparer(services, model))
+                         _media_preparer(services, model))
 
 
 def _media_preparer(services: Services, model: ResolvedModel) -> MediaPreparer:
@@ -321,8 +321,8 @@ async def run(services: Services, request: ChatRequest,
         if render is not None:
             fitted = await _fitted_prompt(render, model, request, loaded.runner, options.num_ctx, preparer)
             prompt, media = fitted.text, fitted.media
-            # As Ollama's debug log does; one JSON string on one line, whatever the prompt holds.
-            log.debug("prompt for %s: %s", model.name, json.dumps(prompt))
+            if log.isEnabledFor(logging.DEBUG):  # as Ollama's debug log does; one JSON string, on one line
+                log.debug("prompt for %s: %s", model.name, json.dumps(prompt))
         parser = parser_kind.create(_tools(request), prompt) if parser_kind else _ContentOnly()
         if not request.parallel_tool_calls:
             parser = _FirstCallOnly(parser)
