@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 from plugd.store.blobs import write_atomically
 from plugd.store.manifests import Layer, Manifest
 from plugd.store.store import Store
 
+# Blob path -> its size and mtime when this process last found it sound: Ollama-format models have a blob per
+# tensor, hundreds of them, and each request checks them all.
+_verified: dict[Path, dict[str, int]] = {}
 
-def _record_path(store: Store, digest: str):
+
+def _record_path(store: Store, digest: str) -> Path:
     return store.metadata_dir / (store.blobs.path(digest).name + ".stat")
 
 
-def _sha256(path) -> str:
+def _sha256(path: Path) -> str:
     with path.open("rb") as f:
         return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -37,12 +42,15 @@ def blob_problem(store: Store, layer: Layer, verify: bool = True, full: bool = F
     if seen.st_size != layer.size:
         return f"holds {seen.st_size} bytes, not {layer.size}"
     now = {"size": seen.st_size, "mtime_ns": seen.st_mtime_ns}
+    if not full and _verified.get(path) == now:  # as this process last saw it: no need to read the record
+        return None
     record = _record_path(store, layer.digest)
     try:
         recorded = json.loads(record.read_text())
     except (OSError, ValueError):
         recorded = None
     if recorded == now and not full:
+        _verified[path] = now
         return None
     if recorded is not None or full:
         if not verify:
@@ -51,6 +59,7 @@ def blob_problem(store: Store, layer: Layer, verify: bool = True, full: bool = F
             return "no longer matches its sha256 digest"
     record.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(record, json.dumps(now).encode())
+    _verified[path] = now
     return None
 
 
