@@ -20,6 +20,7 @@ from plugd.server.bodies import BadRequest
 from plugd.server.cors import cors_config
 from plugd.server.disconnect import ClientGone
 from plugd.server.errors import context_exceeded_body, error_body
+from plugd.server.openapi import describe_bodies_and_errors
 from plugd.store.blobs import DigestMismatch, InvalidDigest
 from plugd.store.create import CreateError
 from plugd.store.model_files import MalformedModelFile
@@ -74,7 +75,7 @@ def create_app(store: Store, registry: Registry) -> Litestar:
     services = Services(store=store, registry=registry, scheduler=Scheduler(registry))
     if not registry.architectures():
         log.warning("no architecture plugin is installed: models can be pulled and listed, not created or run")
-    return Litestar(
+    app = Litestar(
         route_handlers=ollama.ROUTES + ollama_generate.ROUTES + ollama_registry.ROUTES + openai.ROUTES
         + openai_responses.ROUTES + anthropic.ROUTES,
         state=State({"services": services}),
@@ -84,3 +85,5 @@ def create_app(store: Store, registry: Registry) -> Litestar:
         on_shutdown=[services.scheduler.shutdown],
         logging_config=None,
     )
+    describe_bodies_and_errors(app)
+    return app
