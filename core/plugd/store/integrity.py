@@ -22,7 +22,7 @@ _verified: dict[Path, dict[str, int]] = {}
 
 
 def _record_path(store: Store, digest: str) -> Path:
-    return store.metadata_dir / (store.blobs.path(digest).name + ".stat")
+    return store.stat_record_path(digest)
 
 
 def _sha256(path: Path) -> str:

@@ -174,6 +174,7 @@ class Store:
     def _remove_blob(self, digest: str) -> None:
         self.blobs.remove(digest)
         self.metadata_path(digest).unlink(missing_ok=True)
+        self.stat_record_path(digest).unlink(missing_ok=True)
 
     def _remove_empty_dirs(self, directory: Path) -> None:
         while directory != self.manifests_dir and directory.is_dir() and not any(directory.iterdir()):
@@ -182,3 +183,7 @@ class Store:
 
     def metadata_path(self, digest: str) -> Path:
         return self.metadata_dir / (self.blobs.path(digest).name + ".json")
+
+    def stat_record_path(self, digest: str) -> Path:
+        """The size and mtime the blob had when last found sound (plugd.store.integrity)."""
+        return self.metadata_dir / (self.blobs.path(digest).name + ".stat")
