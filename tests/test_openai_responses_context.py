@@ -13,8 +13,9 @@ import openai
 import pytest
 
 from plugd.chat.pipeline import ContextExceeded, Prefill
-from plugd.server.openai_responses import ResponseBuilder, ResponsesBody, _stream
+from plugd.server.openai_responses import ResponseBuilder, ResponsesBody, ResponseStream
 from plugd.server.openai_responses_tools import ResponsesTools
+from plugd.server.streaming import write_stream
 from plugd.testing.checkpoints import write_checkpoint
 
 CONTEXT = 96
@@ -59,8 +60,8 @@ def test_a_context_error_once_the_stream_has_begun_is_its_final_failed_event():
     async def streamed() -> list[bytes]:
         later = events()
         first = await anext(later)
-        return [chunk async for chunk in _stream(ResponseBuilder(ResponsesBody(model="small"), ResponsesTools(None)),
-                                                 first, later)]
+        stream = ResponseStream(ResponseBuilder(ResponsesBody(model="small"), ResponsesTools(None)))
+        return [chunk async for chunk in write_stream(stream, first, later)]
 
     chunks = asyncio.run(streamed())
     assert chunks[1] == b": prefill\n\n"

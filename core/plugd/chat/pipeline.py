@@ -26,6 +26,7 @@ from plugd.chat.request import (
     Final,
     InvalidRequest,
     Prefill,
+    Queued,
     ToolChoice,
     UnparseableOutput,
 )
@@ -289,12 +290,13 @@ async def count_tokens(services: Services, request: ChatRequest) -> int:
 
 
 async def run(services: Services, request: ChatRequest,
-              prefill_events: bool = False) -> AsyncIterator[Prefill | Delta | Final]:
+              progress: bool = False) -> AsyncIterator[Queued | Prefill | Delta | Final]:
     """Stream the response to `request`; a request with nothing to generate only loads (or unloads) the model.
 
-    With `prefill_events`, a generation's first event is a Prefill, sent once the runner has the prompt and
-    starts on it, and a Prefill follows each prefill chunk: a stream can open, and keep its client's idle
-    timeout from firing, before the first token. Without, only Deltas and the Final."""
+    With `progress`, events come before the output too: Queued when the request has to wait for the runner, then
+    a Prefill once the runner has the prompt and starts on it, and one after each prefill chunk, so that a stream
+    can open, and keep its client's idle timeout from firing, before the first token. Without, only Deltas and
+    the Final."""
     started = time.perf_counter_ns()
     engine = grammar_engine(services.registry, request)
     prepared = await _prepared(services, request)
@@ -309,7 +311,8 @@ async def run(services: Services, request: ChatRequest,
     preparer = _media_preparer(services, model)
     images = [image for message in request.messages for image in message.images]
     await anyio.to_thread.run_sync(preparer.prepare, images)  # refused before a load
-
+    if progress and services.scheduler.must_wait(model.digest, options.num_ctx):
+        yield Queued()
     async with services.scheduler.acquire(model, options.num_ctx, keep_alive) as loaded:
         options = attrs.evolve(options, num_ctx=loaded.num_ctx)  # the model's default context when none was set
         load_duration = time.perf_counter_ns() - started
@@ -340,7 +343,7 @@ async def run(services: Services, request: ChatRequest,
         async with aclosing(_runner_events(loaded.runner, body, options.num_ctx)) as events:
             async for event in events:
                 if "prefill" in event:
-                    if prefill_events:
+                    if progress:
                         yield Prefill(**event["prefill"])
                     continue
                 logprobs = [_logprob(event)] if request.logprobs and "token" in event else []
@@ -428,5 +431,5 @@ def enabled_client_renderers(registry: Registry) -> list[ClientRenderer]:
     return [available[name] for name in client_renderer_names() if name in available]
 
 
-__all__ = ["ChatRequest", "ContextExceeded", "Delta", "Final", "InvalidRequest", "Prefill", "Services", "ToolChoice",
-           "UnparseableOutput", "collect", "count_tokens", "render_only", "run"]
+__all__ = ["ChatRequest", "ContextExceeded", "Delta", "Final", "InvalidRequest", "Prefill", "Queued", "Services",
+           "ToolChoice", "UnparseableOutput", "collect", "count_tokens", "render_only", "run"]

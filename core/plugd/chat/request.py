@@ -64,9 +64,15 @@ class ChatRequest:
 
 
 @define
+class Queued:
+    """The request waits for its model's runner (busy with other requests, or behind another model's load): sent
+    as it starts waiting, so that a stream opens then. Only `run(..., progress=True)`."""
+
+
+@define
 class Prefill:
     """How far the prompt's prefill is, sent before any output: once as it starts (evaluated 0: a stream's opening
-    events), then after each chunk (a keep-alive while no token comes). Only `run(..., prefill_events=True)`."""
+    events), then after each chunk (a keep-alive while no token comes). Only `run(..., progress=True)`."""
 
     prompt_tokens: int
     cached_tokens: int  # read from the prompt cache: restored, not evaluated

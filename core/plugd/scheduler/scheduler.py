@@ -121,6 +121,14 @@ class Scheduler:
             entry.slot.release()
             await self._shielded_release(entry, keep_alive)
 
+    def must_wait(self, digest: str, num_ctx: int | None) -> bool:
+        """Whether a request for the model would wait now: its runner busy with another request, or a load under way
+        that comes first. (A load that waits for busy models to free memory is not foreseen.)"""
+        entry = self.loaded.get(digest)
+        if entry is None or not entry.runner.alive:
+            return self.loading.locked()
+        return entry.slot.locked() if self._usable(digest, num_ctx) else entry.active > 0
+
     async def _shielded_release(self, entry: Loaded, keep_alive: float) -> None:
         """`_release`, carried through even when the request is being cancelled (its client gone): an unload it
         starts must finish, and the waiters must hear of it."""

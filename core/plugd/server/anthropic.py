@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
-from litestar import Request, Response, post
+from litestar import Request, post
 
 from plugd.chat import pipeline
+from plugd.chat.pipeline import Delta, Final
 from plugd.server.anthropic_request import (
     ConversationBody,
     MessagesBody,
@@ -14,10 +16,9 @@ from plugd.server.anthropic_request import (
     messages_request,
     thinking_hidden,
 )
-from plugd.server.anthropic_response import message_stream, whole_message
+from plugd.server.anthropic_response import MessageStream, whole_message
 from plugd.server.bodies import read_body
-from plugd.server.disconnect import unless_disconnected
-from plugd.server.sse import SSE, streamed
+from plugd.server.streaming import respond
 
 
 def _headers(request: Request) -> dict[str, str]:
@@ -28,12 +29,12 @@ def _headers(request: Request) -> dict[str, str]:
 async def messages(request: Request) -> Any:
     body = await read_body(request, MessagesBody)
     chat = messages_request(body, _headers(request))
-    events = pipeline.run(request.app.state.services, chat, prefill_events=body.stream)
-    # Errors before the prefill starts become an HTTP error status; a stream opens as it starts.
-    first = await unless_disconnected(request, anext(events))
-    if body.stream:
-        return streamed(message_stream(body.model, first, events, thinking_hidden(body)), SSE)
-    return Response(await unless_disconnected(request, whole_message(body.model, first, events, thinking_hidden(body))))
+    hidden = thinking_hidden(body)
+
+    async def whole(first: Delta | Final, events: AsyncIterator[Delta | Final]) -> dict[str, Any]:
+        return await whole_message(body.model, first, events, hidden)
+
+    return await respond(request, chat, MessageStream(body.model, hidden) if body.stream else None, whole)
 
 
 @post("/v1/messages/count_tokens", status_code=200)

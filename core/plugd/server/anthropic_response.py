@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import json
-import logging
 import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
 from attrs import define, field
 
-from plugd.chat.pipeline import Delta, Final, Prefill, UnparseableOutput, drain
-from plugd.scheduler.runner_client import RunnerError
-from plugd.server.errors import error_body
+from plugd.chat.pipeline import Delta, Final, Prefill, drain
 from plugd.server.sse import sse_event
+from plugd.server.streaming import StreamFormat
 from plugd.types import ToolCall
-
-log = logging.getLogger(__name__)
 
 Event = tuple[str, dict[str, Any]]  # an SSE event name and its data
 
@@ -125,32 +121,37 @@ async def whole_message(model: str, first: Delta | Final, events: AsyncIterator[
     return message(message_id(), model, blocks.content, final, stop_reason(final, blocks))
 
 
-async def message_stream(model: str, first: Prefill | Delta | Final, events: AsyncIterator[Prefill | Delta | Final],
-                         hide_thinking: bool) -> AsyncIterator[bytes]:
-    """message_start (with the prompt's usage when `first` is the prefill's start), a ping for each prefill
-    event (the first follows message_start, as Anthropic's does; the others keep the client's idle timeout from
-    firing during a long prefill), each block's start/deltas/stop, message_delta with the stop reason and usage,
-    message_stop."""
-    blocks = ContentBlocks(hide_thinking=hide_thinking)
-    event = first
-    try:
-        start = message(message_id(), model, [], None, None) | {
+class MessageStream(StreamFormat):
+    """message_start (with the prompt's usage when the first event is the prefill's start), a ping for each
+    prefill event (the first follows message_start, as Anthropic's does; the others keep the client's idle timeout
+    from firing during a long prefill), each block's start/deltas/stop, message_delta with the stop reason and
+    usage, message_stop; a failure once the stream has begun is an error event."""
+
+    def __init__(self, model: str, hide_thinking: bool):
+        super().__init__("/v1/messages")
+        self.model = model
+        self.blocks = ContentBlocks(hide_thinking=hide_thinking)
+
+    def opening(self, first: Prefill | Delta | Final) -> bytes:
+        start = message(message_id(), self.model, [], None, None) | {
             "usage": usage(first if isinstance(first, Prefill) else None)}
-        yield sse_event({"type": "message_start", "message": start}, event="message_start")
-        while not isinstance(event, Final):
-            if isinstance(event, Prefill):
-                yield sse_event({"type": "ping"}, event="ping")
-            else:
-                for name, data in blocks.add(event):
-                    yield sse_event(data, event=name)
-            event = await anext(events)
-        for name, data in blocks.close():
-            yield sse_event(data, event=name)
-        delta = {"stop_reason": stop_reason(event, blocks), "stop_sequence": event.stop_sequence}
-        yield sse_event({"type": "message_delta", "delta": delta, "usage": usage(event)}, event="message_delta")
-        yield sse_event({"type": "message_stop"}, event="message_stop")
-    except (RunnerError, UnparseableOutput, ValueError) as exc:
-        log.error("messages on %s failed mid-stream: %s", model, exc)
-        yield sse_event(error_body("/v1/messages", 500, str(exc)), event="error")
-    finally:
-        await events.aclose()
+        return sse_event({"type": "message_start", "message": start}, event="message_start")
+
+    def keep_alive(self, prefill: Prefill) -> bytes:
+        return sse_event({"type": "ping"}, event="ping")
+
+    def delta(self, delta: Delta) -> bytes:
+        return _events(self.blocks.add(delta))
+
+    def closing(self, final: Final) -> bytes:
+        delta = {"stop_reason": stop_reason(final, self.blocks), "stop_sequence": final.stop_sequence}
+        return _events(self.blocks.close()) + _events([
+            ("message_delta", {"type": "message_delta", "delta": delta, "usage": usage(final)}),
+            ("message_stop", {"type": "message_stop"})])
+
+    def failure(self, status: int, body: dict[str, Any], exc: Exception) -> bytes:
+        return sse_event(body, event="error")
+
+
+def _events(events: list[Event]) -> bytes:
+    return b"".join(sse_event(data, event=name) for name, data in events)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
@@ -12,15 +11,12 @@ from attrs import define, field
 from litestar import Request, Response, post
 
 from plugd.chat import pipeline
-from plugd.chat.pipeline import ChatRequest, Delta, Final, UnparseableOutput
+from plugd.chat.pipeline import ChatRequest, Delta, Final, Prefill
 from plugd.media import base64_image
-from plugd.scheduler.runner_client import RunnerError
 from plugd.server.bodies import BadRequest, read_body
-from plugd.server.disconnect import unless_disconnected
-from plugd.server.sse import NDJSON, streamed
+from plugd.server.sse import NDJSON
+from plugd.server.streaming import StreamFormat, respond
 from plugd.types import Media, Message, Think, Tool, ToolCall
-
-log = logging.getLogger(__name__)
 
 
 @define
@@ -151,42 +147,55 @@ def _chunk(kind: str, model: str, delta: Delta) -> dict[str, Any]:
     return out
 
 
+class _LineStream(StreamFormat):
+    """One JSON object per line: a chunk per delta, then one with the final counts; a failure once the stream has
+    begun is an `{"error": ...}` line, which Ollama's clients raise. NDJSON has no comments: nothing is written
+    while the request waits, or for a prefill chunk."""
+
+    media_type = NDJSON
+
+    def __init__(self, path: str, kind: str, model: str):
+        super().__init__(path)
+        self.kind, self.model = kind, model
+
+    def waiting(self) -> bytes:
+        return b""
+
+    def opening(self, first: Prefill | Delta | Final) -> bytes:
+        return b""
+
+    def keep_alive(self, prefill: Prefill) -> bytes:
+        return b""
+
+    def delta(self, delta: Delta) -> bytes:
+        return _line(_chunk(self.kind, self.model, delta))
+
+    def closing(self, final: Final) -> bytes:
+        return _line(_chunk(self.kind, self.model, Delta()) | _final_fields(final))
+
+    def failure(self, status: int, body: dict[str, Any], exc: Exception) -> bytes:
+        return _line(body)
+
+
+def _line(item: dict[str, Any]) -> bytes:
+    return json.dumps(item).encode() + b"\n"
+
+
 async def _respond(request: Request, kind: str, chat: ChatRequest, body: _GenerationBody) -> Any:
-    services = request.app.state.services
     if body._debug_render_only:
-        prompt = await pipeline.render_only(services, chat)
+        prompt = await pipeline.render_only(request.app.state.services, chat)
         out = _chunk(kind, chat.model, Delta()) | {"done": True}
         return Response(out | {"_debug_info": {"rendered_template": prompt.text, "image_count": len(prompt.media)}})
-    stream = body.stream
-    events = pipeline.run(services, chat)
-    # As Ollama, nothing is sent before the first token, and errors until then become an HTTP error status; a
-    # client that leaves meanwhile (during a long prefill, say) cancels the request all the same.
-    first = await unless_disconnected(request, anext(events))
-    if stream:
-        return streamed(_lines(kind, chat.model, first, events), NDJSON)
-    # The runner is released before the response goes out.
-    total, event = await unless_disconnected(request, pipeline.collect(first, events))
-    out = _chunk(kind, chat.model, total)
-    if not total.logprobs:
-        out.pop("logprobs", None)
-    return Response(out | _final_fields(event))
 
+    async def whole(first: Delta | Final, events: AsyncIterator[Delta | Final]) -> dict[str, Any]:
+        total, final = await pipeline.collect(first, events)
+        out = _chunk(kind, chat.model, total)
+        if not total.logprobs:
+            out.pop("logprobs", None)
+        return out | _final_fields(final)
 
-async def _lines(kind: str, model: str, first: Delta | Final, events: AsyncIterator[Delta | Final]):
-    event: Delta | Final | None = first
-    try:
-        while event is not None:
-            if isinstance(event, Final):
-                empty = _chunk(kind, model, Delta())
-                yield json.dumps(empty | _final_fields(event)).encode() + b"\n"
-                return
-            yield json.dumps(_chunk(kind, model, event)).encode() + b"\n"
-            event = await anext(events, None)
-    except (RunnerError, UnparseableOutput, ValueError) as exc:
-        log.error("%s on %s failed mid-stream: %s", kind, model, exc)
-        yield json.dumps({"error": str(exc)}).encode() + b"\n"
-    finally:
-        await events.aclose()
+    stream = _LineStream(request.url.path, kind, chat.model) if body.stream else None
+    return await respond(request, chat, stream, whole)
 
 
 @post("/api/generate", status_code=200)

@@ -2,64 +2,53 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
-from litestar import Request, Response, get, post
+from litestar import Request, get, post
 
 from plugd.chat import pipeline
-from plugd.chat.pipeline import ChatRequest, Delta, Final, Prefill, UnparseableOutput
-from plugd.scheduler.runner_client import RunnerError
+from plugd.chat.pipeline import ChatRequest, Delta, Final, Prefill
 from plugd.server import openai_request
-from plugd.server.disconnect import unless_disconnected
-from plugd.server.errors import error_body
 from plugd.server.openai_output import ChatWriter, TextWriter, Writer
 from plugd.server.openai_request import ChatBody, CompletionBody
-from plugd.server.sse import SSE, sse_comment, sse_event, streamed
+from plugd.server.sse import sse_event
+from plugd.server.streaming import StreamFormat, respond
 from plugd.store.names import DEFAULT_NAMESPACE, ModelName
 from plugd.store.store import StoredModel
 
-log = logging.getLogger(__name__)
+
+class _ChunkStream(StreamFormat):
+    """Chat or text completion chunks as server-sent events, ending with [DONE]. The opening chunk (chat's role
+    delta) goes out as the prefill starts; a failure once the stream has begun is an error event."""
+
+    def __init__(self, path: str, writer: Writer):
+        super().__init__(path)
+        self.writer = writer
+
+    def opening(self, first: Prefill | Delta | Final) -> bytes:
+        return _events(self.writer.opening())
+
+    def delta(self, delta: Delta) -> bytes:
+        return _events(self.writer.chunks(delta))
+
+    def closing(self, final: Final) -> bytes:
+        return _events(self.writer.closing(final)) + sse_event("[DONE]")
+
+    def failure(self, status: int, body: dict[str, Any], exc: Exception) -> bytes:
+        return sse_event(body)
 
 
-async def _sse(path: str, writer: Writer, first: Prefill | Delta | Final,
-               events: AsyncIterator[Prefill | Delta | Final]) -> AsyncIterator[bytes]:
-    """The chunks as server-sent events, ending with [DONE]; a failure mid-stream is written as an error event.
-
-    The opening chunk (chat's role delta) goes out as the prefill starts; each prefill event sends an SSE
-    comment, which clients skip, so that their idle timeouts do not fire during a long prefill."""
-    event = first
-    try:
-        for chunk in writer.opening():
-            yield sse_event(chunk)
-        while not isinstance(event, Final):
-            if isinstance(event, Prefill):
-                yield sse_comment("prefill")
-            else:
-                for chunk in writer.chunks(event):
-                    yield sse_event(chunk)
-            event = await anext(events)
-        for chunk in writer.closing(event):
-            yield sse_event(chunk)
-        yield sse_event("[DONE]")
-    except (RunnerError, UnparseableOutput, ValueError) as exc:
-        log.error("%s on %s failed mid-stream: %s", path, writer.model, exc)
-        yield sse_event(error_body(path, 500, str(exc)))
-    finally:
-        await events.aclose()
+def _events(chunks: list[dict[str, Any]]) -> bytes:
+    return b"".join(sse_event(chunk) for chunk in chunks)
 
 
 async def _respond(request: Request, chat: ChatRequest, writer: Writer, stream: bool) -> Any:
-    events = pipeline.run(request.app.state.services, chat, prefill_events=stream)
-    # Errors before the prefill starts become an HTTP error status; a stream opens as it starts.
-    first = await unless_disconnected(request, anext(events))
-    if stream:
-        return streamed(_sse(request.url.path, writer, first, events), SSE)
-    # The runner is released before the response goes out.
-    total, final = await unless_disconnected(request, pipeline.collect(first, events))
-    return Response(writer.whole(total, final))
+    async def whole(first: Delta | Final, events: AsyncIterator[Delta | Final]) -> dict[str, Any]:
+        return writer.whole(*await pipeline.collect(first, events))
+
+    return await respond(request, chat, _ChunkStream(request.url.path, writer) if stream else None, whole)
 
 
 @post("/v1/chat/completions", status_code=200)

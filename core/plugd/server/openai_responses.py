@@ -13,28 +13,23 @@ in the order the model produced them.
 from __future__ import annotations
 
 import copy
-import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from attrs import define
-from litestar import Request, Response, delete, get, post
+from litestar import Request, delete, get, post
 from litestar.exceptions import NotFoundException
 
 from plugd.chat import pipeline
-from plugd.chat.pipeline import ChatRequest, ContextExceeded, Delta, Final, Prefill, UnparseableOutput
-from plugd.scheduler.runner_client import RunnerError
+from plugd.chat.pipeline import ChatRequest, Delta, Final, Prefill
 from plugd.server.bodies import BadRequest, read_body
-from plugd.server.disconnect import unless_disconnected
-from plugd.server.errors import context_exceeded_body
 from plugd.server.openai_responses_input import NOT_STORED, input_messages
 from plugd.server.openai_responses_tools import ResponsesTools, tool_choice
-from plugd.server.sse import SSE, sse_comment, sse_event, streamed
+from plugd.server.sse import sse_event
+from plugd.server.streaming import StreamFormat, respond
 from plugd.types import Think, ToolCall
-
-log = logging.getLogger(__name__)
 
 # Families think at three levels at most: the efforts above "high" ask for the most there is.
 _EFFORTS: dict[str, Think] = {"none": False, "minimal": False, "low": "low", "medium": "medium", "high": "high",
@@ -286,33 +281,29 @@ def _sse(events: list[dict[str, Any]]) -> bytes:
     return b"".join(sse_event(event, event=event["type"]) for event in events)
 
 
-async def _stream(builder: ResponseBuilder, first: Prefill | Delta | Final,
-                  events: AsyncIterator[Prefill | Delta | Final]) -> AsyncIterator[bytes]:
-    """response.created and response.in_progress as the prefill starts, an SSE comment for each prefill event (so
-    that Codex's idle timeout does not fire during a long prefill), the output's events, then the final one.
+class ResponseStream(StreamFormat):
+    """response.created and response.in_progress as the prefill starts, the output's events, then the final one.
 
     A failure once the stream has begun is its response.failed event: a prompt over the context with the code
     context_length_exceeded and the Responses API's words for it (Codex takes that code as final, where it resends
     a server_error)."""
-    event = first
-    try:
-        yield _sse(builder.start())
-        while not isinstance(event, Final):
-            if isinstance(event, Prefill):
-                yield sse_comment("prefill")
-            elif out := builder.feed(event):
-                yield _sse(out)
-            event = await anext(events)
-        yield _sse(builder.finish(event))
-    except ContextExceeded as exc:
-        log.info("response %s on %s: %s", builder.response["id"], builder.response["model"], exc)
-        refusal = context_exceeded_body("/v1/responses", exc)["error"]
-        yield _sse(builder.fail(refusal["message"], refusal["code"]))
-    except (RunnerError, UnparseableOutput, ValueError) as exc:
-        log.error("response %s on %s failed mid-stream: %s", builder.response["id"], builder.response["model"], exc)
-        yield _sse(builder.fail(str(exc)))
-    finally:
-        await events.aclose()
+
+    def __init__(self, builder: ResponseBuilder):
+        super().__init__("/v1/responses")
+        self.builder = builder
+
+    def opening(self, first: Prefill | Delta | Final) -> bytes:
+        return _sse(self.builder.start())
+
+    def delta(self, delta: Delta) -> bytes:
+        return _sse(self.builder.feed(delta))
+
+    def closing(self, final: Final) -> bytes:
+        return _sse(self.builder.finish(final))
+
+    def failure(self, status: int, body: dict[str, Any], exc: Exception) -> bytes:
+        error = body["error"]
+        return _sse(self.builder.fail(error["message"], error["code"] or "server_error"))
 
 
 @post("/v1/responses", status_code=200)
@@ -321,15 +312,12 @@ async def create_response(request: Request) -> Any:
     tools = ResponsesTools(body.tools)
     chat = chat_request(body, tools, dict(request.headers))
     builder = ResponseBuilder(body, tools)
-    events = pipeline.run(request.app.state.services, chat, prefill_events=body.stream)
-    # Errors before the prefill starts become an HTTP error status; a stream opens as it starts. A client that
-    # leaves before then, or before its whole response is ready, cancels the prefill at its next chunk.
-    first = await unless_disconnected(request, anext(events))
-    if body.stream:
-        return streamed(_stream(builder, first, events), SSE)
-    # The runner is released before the response goes out.
-    builder.finish(await unless_disconnected(request, pipeline.drain(first, events, builder.feed)))
-    return Response(builder.response)
+
+    async def whole(first: Delta | Final, events: AsyncIterator[Delta | Final]) -> dict[str, Any]:
+        builder.finish(await pipeline.drain(first, events, builder.feed))
+        return builder.response
+
+    return await respond(request, chat, ResponseStream(builder) if body.stream else None, whole)
 
 
 @get(["/v1/responses/{response_id:str}", "/v1/responses/{response_id:str}/input_items"], sync_to_thread=False)
