@@ -17,6 +17,7 @@ import httpx
 
 from plugd.blas import with_openblas
 from plugd.runner.errors import CHECKPOINT_REFUSED
+from plugd.scheduler.memory import resident_bytes
 from plugd.scratch import scratch_prefix
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,9 @@ class RunnerProcess:
     @property
     def pid(self) -> int | None:
         return self.process.pid if self.process else None
+
+    def resident_bytes(self) -> int | None:
+        return resident_bytes(self.pid) if self.pid else None
 
     @property
     def alive(self) -> bool:

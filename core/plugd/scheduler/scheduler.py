@@ -7,8 +7,9 @@ import logging
 import math
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any, Protocol
 
 import anyio
 import httpx
@@ -28,10 +29,49 @@ class QueueFull(RuntimeError):
         super().__init__(f"server busy: {limit} requests are already waiting; try again later")
 
 
+class Runner(Protocol):
+    """What the scheduler (and the pipeline, of the runner it acquires) asks of a model's runner: RunnerProcess, or
+    a stand-in where a test needs no process."""
+
+    closing: bool  # set once close() has begun: the runner's end is the scheduler's doing, not a crash
+
+    @property
+    def alive(self) -> bool: ...
+
+    async def start(self) -> None:
+        """Load the model; UnloadableModel or RunnerError when it cannot."""
+
+    async def close(self) -> None:
+        """Stop the runner; its memory is back when this returns."""
+
+    async def wait(self) -> int:
+        """Return when the runner has ended, by close() or on its own."""
+
+    def failure(self) -> str:
+        """Why a runner that ended on its own did."""
+
+    def resident_bytes(self) -> int | None:
+        """The memory only ending the runner gives back, where the platform says; None elsewhere."""
+
+    async def status(self) -> dict[str, Any]: ...
+
+    async def post(self, path: str, body: dict[str, Any]) -> Any: ...
+
+    def completion(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]: ...
+
+
+RunnerFactory = Callable[[ResolvedModel, "int | None"], Runner]
+
+
+def spawn_runner(model: ResolvedModel, cache_budget: int | None) -> RunnerProcess:
+    """A runner process for `model` whose cache policy may keep `cache_budget` bytes beyond its live caches."""
+    return RunnerProcess(model.files, model.require_architecture().module, cache_budget)
+
+
 @define(eq=False)
 class Loaded:
     model: ResolvedModel
-    runner: RunnerProcess
+    runner: Runner
     num_ctx: int
     size: int  # weights and caches, estimated for num_ctx
     sized: bool = False  # num_ctx is the scheduler's default (requests without num_ctx use it), not a request's
@@ -48,8 +88,9 @@ class Loaded:
 
 
 class Scheduler:
-    def __init__(self, registry: Registry):
+    def __init__(self, registry: Registry, runner_factory: RunnerFactory = spawn_runner):
         self.registry = registry
+        self.runner_factory = runner_factory
         self.cache_policy = chosen_policy(registry.named("plugd_cache_policies"))
         self.max_loaded = int(os.environ.get("PLUGD_MAX_LOADED_MODELS") or 0) or math.inf
         self.device_limit: int | None = None  # the GPU's working set, once a runner has reported it
@@ -72,7 +113,7 @@ class Scheduler:
     @staticmethod
     def _claim(entry: Loaded) -> tuple[int, int]:
         """(held, claimed) of one loaded model, as `_memory` counts them."""
-        resident = memory.resident_bytes(entry.runner.pid) if entry.resident_at_ready is not None else None
+        resident = entry.runner.resident_bytes() if entry.resident_at_ready is not None else None
         if resident is None:
             return entry.size + entry.cache_budget, entry.size + entry.cache_budget
         return resident, resident + max(0, entry.growth - (resident - entry.resident_at_ready))
@@ -143,7 +184,7 @@ class Scheduler:
 
     async def _ready(self, model: ResolvedModel, num_ctx: int | None) -> Loaded:
         """The model's loaded runner, held for the caller; loads it (making room first) when needed."""
-        module = model.require_architecture().module
+        model.require_architecture()  # refused before anything is evicted for it
         weights = memory.weight_bytes(model.tensors)
         async with self.changed:
             if entry := self._usable(model.digest, num_ctx):
@@ -169,7 +210,7 @@ class Scheduler:
                     self._hold(entry)
                     return entry
                 cache_budget = self._cache_budget(needed)
-            entry = Loaded(model=model, runner=RunnerProcess(model.files, module, cache_budget), num_ctx=context,
+            entry = Loaded(model=model, runner=self.runner_factory(model, cache_budget), num_ctx=context,
                            size=needed, sized=num_ctx is None, cache_budget=cache_budget or 0,
                            growth=caches + (cache_budget or 0))
             try:
@@ -177,7 +218,7 @@ class Scheduler:
             except BaseException:
                 await entry.runner.close()
                 raise
-            entry.resident_at_ready = memory.resident_bytes(entry.runner.pid)
+            entry.resident_at_ready = entry.runner.resident_bytes()
             await self._learn_device_limit(entry.runner)
             async with self.changed:
                 self.loaded[model.digest] = entry
@@ -185,7 +226,7 @@ class Scheduler:
             asyncio.get_running_loop().create_task(self._watch(entry))
             return entry
 
-    async def _learn_device_limit(self, runner: RunnerProcess) -> None:
+    async def _learn_device_limit(self, runner: Runner) -> None:
         """The GPU's bound on what all models hold, from the first runner that reports one (the daemon imports no
         MLX); later loads fit under it, evicting idle models as the memory fits do."""
         if self.device_limit is None:
@@ -202,6 +243,8 @@ class Scheduler:
             idle = sorted((e for e in self.loaded.values() if e.active == 0), key=lambda e: e.last_used)
             held, claimed = self._memory()
             bound = memory.budget(self.registry, held, self.device_limit)
+            if bound is not None and needed > bound:  # the bounds count what loaded models hold: never fits
+                raise memory.InsufficientMemory(str(model.name), needed, bound)
             fits = bound is None or needed + claimed <= bound
             if fits and len(self.loaded) < self.max_loaded:
                 return True
@@ -209,9 +252,7 @@ class Scheduler:
                 log.info("unloading %s to make room for %s", idle[0].model.name, model.name)
                 await self._unload(idle[0])
                 continue
-            if self.loaded:
-                return False
-            raise memory.InsufficientMemory(str(model.name), needed, bound)
+            return False
 
     def _cache_budget(self, needed: int) -> int | None:
         """The bytes the cache policy may keep beyond the live caches of a load needing `needed`: its own budget,
