@@ -17,6 +17,8 @@ import ollama
 import openai
 import pytest
 
+from plugd.constants import CACHE_STEP
+from plugd.hookspecs import Architecture
 from plugd.scheduler import memory
 from plugd.testing.checkpoints import write_checkpoint
 from plugd.testing.plugins import write_distribution
@@ -36,27 +38,33 @@ LONG = " ".join(f"word{i}" for i in range(1000))  # over 4,096 tokens of the tin
 QWEN3 = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 0}
 
 
+def caches(config: dict) -> memory.CacheEstimate:
+    """As the daemon estimates the caches of a model of an attention-only architecture, on CPU (float32)."""
+    return memory.CacheEstimate.of(Architecture("qwen3", "plugd_qwen.qwen3"), config, float_bytes=4)
+
+
 # Daemon-side sizing, from config.json alone.
 
 def test_the_maximum_when_it_fits_the_floor_when_nothing_does_and_the_floor_without_a_maximum():
-    assert memory.default_context(QWEN3, float("inf"), MAXIMUM) == MAXIMUM
-    assert memory.default_context(QWEN3, 0, MAXIMUM) == memory.CONTEXT_FLOOR == 4096
-    assert memory.default_context(QWEN3, 0, 2048) == 2048  # a model trained shorter than the floor gets its maximum
-    assert memory.default_context(QWEN3, float("inf"), None) == 4096
+    assert memory.default_context(caches(QWEN3), float("inf"), MAXIMUM) == MAXIMUM
+    assert memory.default_context(caches(QWEN3), 0, MAXIMUM) == memory.CONTEXT_FLOOR == 4096
+    assert memory.default_context(caches(QWEN3), 0, 2048) == 2048  # a model trained shorter than the floor: its maximum
+    assert memory.default_context(caches(QWEN3), float("inf"), None) == 4096
 
 
 def test_the_largest_context_whose_caches_fit_in_whole_steps():
     room = 20 << 20
-    context = memory.default_context(QWEN3, room, MAXIMUM)
-    assert context % memory.CACHE_STEP == 0 and 4096 < context < MAXIMUM
-    assert memory.kv_cache_bytes(QWEN3, context) <= room < memory.kv_cache_bytes(QWEN3, context + memory.CACHE_STEP)
+    context = memory.default_context(caches(QWEN3), room, MAXIMUM)
+    assert context % CACHE_STEP == 0 and 4096 < context < MAXIMUM
+    assert caches(QWEN3).bytes(context) <= room < caches(QWEN3).bytes(context + CACHE_STEP)
 
 
-def test_sliding_and_recurrent_layers_cost_what_they_keep_not_the_context():
+def test_sliding_layers_cost_what_they_keep_not_the_context():
     full = QWEN3 | {"num_hidden_layers": 6}
-    sliding = full | {"sliding_window": 1024, "sliding_window_pattern": 6}  # 5 of the 6 layers keep 1,024 positions
+    # transformers' layer_types: 5 of the 6 layers keep 1,024 positions
+    sliding = full | {"sliding_window": 1024, "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}
     room = 40 << 20
-    assert memory.default_context(full, room, MAXIMUM) < memory.default_context(sliding, room, MAXIMUM)
+    assert memory.default_context(caches(full), room, MAXIMUM) < memory.default_context(caches(sliding), room, MAXIMUM)
 
 
 # Through a live daemon.
@@ -100,8 +108,8 @@ def test_lowered_to_what_fits_when_memory_is_short_and_every_dialect_gets_it(ser
     try:
         client.generate(model="long", prompt="Hi", options={"num_predict": 1})
         context = contexts(server)["long"]
-        assert 4096 < context < MAXIMUM and context % memory.CACHE_STEP == 0
-        assert memory.kv_cache_bytes(QWEN3, context) <= free - PROMPT_CACHE
+        assert 4096 < context < MAXIMUM and context % CACHE_STEP == 0
+        assert caches(QWEN3).bytes(context) <= free - PROMPT_CACHE
         # Dialects without num_ctx take a prompt over the old 4,096 default, on the runner already loaded.
         (runner,) = server.runner_pids()
         gpt = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)

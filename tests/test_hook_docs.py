@@ -26,6 +26,8 @@ def documented_hooks() -> list[str]:
 def default_text(value: Any) -> str:
     if isinstance(value, frozenset | set):  # sorted, so that the text does not follow hash order
         return f"{type(value).__name__}({{{', '.join(map(repr, sorted(value)))}}})"
+    if callable(value):  # a default function, by the name hookspecs exports it under
+        return value.__name__
     return repr(value)
 
 

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from plugd.builtins.jinja_renderer import ChatTemplateError, message_dict, render, tool_dict
+from plugd.builtins.jinja_renderer import ChatTemplateError, message_dict, render
 from plugd.hookspecs import ModelFiles, RenderRequest
+from plugd.rendering import tool_dict
 from plugd.types import Media, Message, Tool, ToolCall
 
 TEMPLATES = Path(__file__).resolve().parent / "reference" / "chat_templates"

@@ -10,7 +10,6 @@ without counting recurrent layers as attention layers: within ESTIMATE_FACTOR of
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -20,6 +19,9 @@ import httpx
 import numpy as np
 import pytest
 
+from plugd import plugins
+from plugd.hookspecs import LayerCache
+from plugd.protocol import RunnerConfig
 from plugd.scheduler import memory
 from plugd.testing.checkpoints import BASE_CONFIGS, write_checkpoint
 
@@ -47,9 +49,9 @@ class Runner:
         socket, self.log = workdir / "runner.sock", workdir / "runner.log"
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "plugd", "runner", "--model-dir", str(model_dir), "--module", module,
-                 "--socket", str(socket)], stdout=subprocess.DEVNULL, stderr=log,
-                env={**os.environ, "PLUGD_CACHE_POLICY": "single-slot"},
+                [sys.executable, "-m", "plugd", "runner", "--model-dir", str(model_dir), "--socket", str(socket),
+                 "--config", RunnerConfig(module, "plugd.runner.cache_policy:single_slot").to_json()],
+                stdout=subprocess.DEVNULL, stderr=log,
             )
         self.http = httpx.Client(transport=httpx.HTTPTransport(uds=str(socket)), base_url="http://runner", timeout=120)
         for _ in range(600):
@@ -96,23 +98,39 @@ def measured(request, tmp_path_factory) -> tuple[dict, dict, int, int]:
     return json.loads((model_dir / "config.json").read_text()), header_tensors(model_dir), loaded, full
 
 
+def estimate(config: dict) -> memory.CacheEstimate:
+    """As the daemon estimates the caches, through the architecture's descriptor; float32 on CPU."""
+    architecture = plugins.load().architectures()[config["model_type"]]
+    return memory.CacheEstimate.of(architecture, config, float_bytes=4)
+
+
 def test_the_estimate_bounds_the_caches_within_a_factor(measured):
     config, _, loaded, full = measured
-    caches, estimate = full - loaded, memory.kv_cache_bytes(config, NUM_CTX)
-    assert caches <= estimate <= ESTIMATE_FACTOR * caches, (caches, estimate)
+    caches, estimated = full - loaded, estimate(config).bytes(NUM_CTX)
+    assert caches <= estimated <= ESTIMATE_FACTOR * caches, (caches, estimated)
 
 
 def test_weights_and_caches_together_bound_what_the_runner_holds(measured):
     config, tensors, _, full = measured
-    assert full <= memory.weight_bytes(tensors) + memory.kv_cache_bytes(config, NUM_CTX)
+    assert full <= memory.weight_bytes(tensors, float_bytes=4) + estimate(config).bytes(NUM_CTX)
+
+
+def kinds(model_type: str) -> list[str]:
+    def kind(layer: LayerCache) -> str:
+        if layer.state or layer.state_float32:
+            return "recurrent"
+        if not layer.per_position:
+            return "stateless"
+        return "full" if layer.window is None else "sliding"
+
+    config = BASE_CONFIGS[model_type] | {"model_type": model_type}
+    return [kind(layer) for layer in estimate(config).layers]
 
 
 def test_what_each_layer_caches():
     """Nemotron-H's 'ME*M-M' has one attention layer among six; Qwen3.5's four layers alternate linear and full;
     Gemma 4's last two layers share earlier layers' keys and values."""
-    assert memory.layer_kinds(BASE_CONFIGS["nemotron_h"]) == [
-        "recurrent", "stateless", "full", "recurrent", "stateless", "recurrent"]
-    assert memory.layer_kinds(BASE_CONFIGS["qwen3_5"]) == ["recurrent", "full", "recurrent", "full"]
-    assert memory.layer_kinds(BASE_CONFIGS["gemma4_text"]) == [
-        "sliding", "sliding", "full", "sliding", "stateless", "stateless"]
-    assert memory.layer_kinds(BASE_CONFIGS["gemma3_text"]) == ["sliding", "full"] * 2
+    assert kinds("nemotron_h") == ["recurrent", "stateless", "full", "recurrent", "stateless", "recurrent"]
+    assert kinds("qwen3_5") == ["recurrent", "full", "recurrent", "full"]
+    assert kinds("gemma4_text") == ["sliding", "sliding", "full", "sliding", "stateless", "stateless"]
+    assert kinds("gemma3_text") == ["sliding", "full"] * 2

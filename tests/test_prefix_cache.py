@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from plugd import plugins
-from plugd.runner.cache_policy import common_prefix
 from plugd.runner.generate import CompletionRequest, Engine
 from plugd.runner.loading import load_model
 from plugd.runner.sampling import SamplingParams
 from plugd.runner.tokenizer import Tokenizer
+from plugd.runner_api import common_prefix
 from plugd.testing.checkpoints import write_checkpoint
 from plugd_prefix_cache.policy import PrefixCachePolicy
 from plugd_prefix_cache.trie import descendants, walk

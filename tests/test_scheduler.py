@@ -13,6 +13,7 @@ import pytest
 from plugd.chat.models import ResolvedModel
 from plugd.hookspecs import Architecture, CachePolicy, MemoryFit, ModelFiles
 from plugd.plugins import Registry
+from plugd.protocol import RunnerConfig
 from plugd.scheduler.memory import InsufficientMemory
 from plugd.scheduler.runner_client import UnloadableModel
 from plugd.scheduler.scheduler import QueueFull, Scheduler
@@ -35,8 +36,8 @@ def model(name: str, weights: int = 100 * MiB) -> ResolvedModel:
 class FakeRunner:
     """Loads when `loaded` is set (at once unless a test clears it first), or fails with `refusal`."""
 
-    def __init__(self, model: ResolvedModel, cache_budget: int | None):
-        self.model, self.cache_budget = model, cache_budget
+    def __init__(self, model: ResolvedModel, config: RunnerConfig):
+        self.model, self.config = model, config
         self.closing = False
         self.started = False
         self.loaded = asyncio.Event()
@@ -82,8 +83,8 @@ class Runners:
         self.made: list[FakeRunner] = []
         self.prepare = lambda runner: None
 
-    def __call__(self, model: ResolvedModel, cache_budget: int | None) -> FakeRunner:
-        runner = FakeRunner(model, cache_budget)
+    def __call__(self, model: ResolvedModel, config: RunnerConfig) -> FakeRunner:
+        runner = FakeRunner(model, config)
         self.prepare(runner)
         self.made.append(runner)
         return runner

@@ -22,6 +22,7 @@ import ollama
 import pytest
 
 from plugd import plugins
+from plugd.protocol import RunnerConfig
 from plugd.runner.grammar import GrammarSpec, TokenMask
 from plugd.scheduler.runner_client import RunnerProcess
 from plugd.testing.server import LiveServer
@@ -166,7 +167,8 @@ def test_the_runner_refuses_before_any_output_and_stays_usable(checkpoint):
             "num_keep": 0, "stop": []}
 
     async def exchange() -> tuple[httpx.Response, list[dict]]:
-        runner = RunnerProcess({p.name: p for p in checkpoint.iterdir() if p.is_file()}, "plugd_qwen.qwen3")
+        config = RunnerConfig("plugd_qwen.qwen3", "plugd.runner.cache_policy:single_slot")
+        runner = RunnerProcess({p.name: p for p in checkpoint.iterdir() if p.is_file()}, config)
         try:
             await runner.start()
             refused = await runner.http.post("/completion", json=body | {

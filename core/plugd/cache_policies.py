@@ -1,8 +1,8 @@
 """Which cache policy the runners use.
 
-PLUGD_CACHE_POLICY picks a policy by name; unset, "prefix-cache" when it is installed, else the built-in
-"single-slot". The daemon makes the same choice as the runners, to count the policy's budget in each load's
-memory estimate; this module imports no MLX, so the daemon can.
+PLUGD_CACHE_POLICY picks a policy by name; unset, the installed policy of the highest priority (the built-in
+"single-slot" has the lowest, 0). The daemon makes the same choice as the runners, to count the policy's budget
+in each load's memory estimate; this module imports no MLX, so the daemon can.
 """
 
 from __future__ import annotations
@@ -11,15 +11,12 @@ import os
 
 from plugd.hookspecs import CachePolicy
 
-BUILTIN_POLICY = "single-slot"
-PREFERRED_POLICY = "prefix-cache"
-
 
 def chosen_policy(policies: dict[str, CachePolicy]) -> CachePolicy:
-    """The policy named by PLUGD_CACHE_POLICY, else the preferred default."""
+    """The policy named by PLUGD_CACHE_POLICY, else the one of the highest priority (of equals, the first)."""
     if wanted := os.environ.get("PLUGD_CACHE_POLICY"):
         if wanted not in policies:
             raise ValueError(f"unknown cache policy {wanted!r}; available: {', '.join(sorted(policies))}")
         return policies[wanted]
-    return policies.get(PREFERRED_POLICY, policies[BUILTIN_POLICY])
+    return max(policies.values(), key=lambda policy: policy.priority)
 

@@ -231,7 +231,7 @@ def cmd_transfer(args: argparse.Namespace) -> None:
 def cmd_runner(args: argparse.Namespace) -> None:
     from plugd.runner.server import main
 
-    sys.exit(main(args.model_dir, args.module, args.socket, args.cache_budget))
+    sys.exit(main(args.model_dir, args.socket, args.config))
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -315,9 +315,8 @@ def runner_parser() -> argparse.ArgumentParser:
     """`plugd runner`, which the daemon spawns, one per loaded model: not for users, so not among the commands."""
     p = argparse.ArgumentParser(prog="plugd runner")
     p.add_argument("--model-dir", required=True)
-    p.add_argument("--module", required=True)
     p.add_argument("--socket", required=True)
-    p.add_argument("--cache-budget", type=int, help="bytes the cache policy may keep beyond the live caches")
+    p.add_argument("--config", required=True, help="the RunnerConfig, as JSON (plugd.protocol)")
     p.set_defaults(func=cmd_runner)
     return p
 

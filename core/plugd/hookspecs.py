@@ -30,7 +30,7 @@ PROJECT = "plugd"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
-PLUGIN_API_VERSION = "1.1"
+PLUGIN_API_VERSION = "1.2"
 """The plugin API this plugd implements, "MAJOR.MINOR".
 
 MINOR grows when hooks or descriptor fields are added, MAJOR when any is
@@ -50,6 +50,34 @@ class ModelFiles:
 
 
 @define(frozen=True)
+class LayerCache:
+    """What one layer of a model caches for one sequence, in elements: the daemon's memory estimate multiplies it
+    out (positions, the runner's compute dtype, the cache policy's snapshots of what cannot trim back)."""
+
+    per_position: int = 0  # keys and values for each position, at the compute dtype
+    window: int | None = None  # the most positions a sliding-window layer keeps; None: every position
+    state: int = 0  # a fixed part at the compute dtype (a recurrent layer's convolution window)
+    state_float32: int = 0  # a fixed part in float32 (a recurrent state)
+
+
+def attention_cache(config: Mapping[str, Any], window: int | None = None) -> LayerCache:
+    """One attention layer's cache, from transformers' config fields: keys and values of `num_key_value_heads`
+    heads of `head_dim` for each position (of the last `window` ones, for a sliding-window layer)."""
+    heads = config.get("num_attention_heads", 1)
+    head_dim = config.get("head_dim") or config.get("hidden_size", 0) // heads
+    return LayerCache(2 * (config.get("num_key_value_heads") or heads) * head_dim, window)
+
+
+def attention_layers(config: Mapping[str, Any]) -> list[LayerCache]:
+    """The caches of a decoder whose every layer is attention: `num_hidden_layers` of them, or those that
+    `layer_types` names, the "sliding_attention" ones keeping `sliding_window` positions. Any other layer type
+    counts as full attention, never an underestimate."""
+    kinds = config.get("layer_types") or ["full_attention"] * config.get("num_hidden_layers", 0)
+    window = config.get("sliding_window")
+    return [attention_cache(config, window if kind == "sliding_attention" and window else None) for kind in kinds]
+
+
+@define(frozen=True)
 class Architecture:
     """A model class for checkpoints whose config.json has this `model_type`.
 
@@ -66,11 +94,18 @@ class Architecture:
     `preprocess(image)`, `embed_media(pixels)` and takes
     `__call__(tokens, cache, media=[(start, embeddings)])` (see docs/plugins.md).
     Images in other formats are offered to the media transcoders first.
+
+    `cache_layers(config)` (MLX-free: the daemon calls it) says what each
+    layer caches for the model's text config; the default, `attention_layers`,
+    suits a decoder of attention layers alone. (Which tensors quantizing
+    treats apart, such as MoE routers, the `Model` says as mlx-lm's do: a
+    `quant_predicate`.)
     """
 
     model_type: str
     module: str
     media_types: frozenset[str] = frozenset()
+    cache_layers: Callable[[Mapping[str, Any]], list[LayerCache]] = attention_layers
 
 
 @define(frozen=True)
@@ -89,11 +124,14 @@ class Renderer:
 
     `detect`, when given, says whether this renderer is the natural one for a
     model; `plugd create` uses it to pick the model's default renderer.
+    `aliases` are other names a model may give for it (Ollama's, in a model
+    pulled from Ollama's library).
     """
 
     name: str
     render: Callable[[RenderRequest], Prompt]
     detect: Callable[[ModelFiles], bool] | None = None
+    aliases: tuple[str, ...] = ()
 
 
 @define(frozen=True)
@@ -144,7 +182,8 @@ class Parser:
     model's thinking when the answer to this prompt comes after a thinking
     block (None when it starts at once): a structured answer is enforced
     from there on. `forced_call(tools)`, when given, says how a call to one
-    of `tools` is forced in the family's format.
+    of `tools` is forced in the family's format. `aliases` are other names a
+    model may give for it, as a Renderer's.
     """
 
     name: str
@@ -152,6 +191,7 @@ class Parser:
     detect: Callable[[ModelFiles], bool] | None = None
     answer_after: Callable[[str], str | None] | None = None
     forced_call: Callable[[Sequence[Tool]], ForcedCall] | None = None
+    aliases: tuple[str, ...] = ()
 
 
 @define(frozen=True)
@@ -202,9 +242,10 @@ class CachePolicy:
     token, and return its length), `capture_points(start, end)` (positions
     where the prefill should pause for a restore point), `prefilled()` after
     every prefill chunk, `finished()` when the completion ends; plus `reserve`,
-    `reset` and `stats() -> {"bytes", "nodes"}`. plugd.runner.cache_policy.LiveCache
-    implements all but `resume`. PLUGD_CACHE_POLICY picks a policy by name;
-    unset, "prefix-cache" when installed, else the built-in "single-slot".
+    `reset` and `stats() -> {"bytes", "nodes"}`. plugd.runner_api.LiveCache
+    implements all but `resume` (the contract is in plugd.runner_api).
+    PLUGD_CACHE_POLICY picks a policy by name; unset, the one of the highest
+    `priority` runs (the built-in "single-slot" has 0).
 
     `budget`, for a policy that keeps more than the live caches, returns the
     most bytes it would keep per loaded model. The scheduler counts that in
@@ -216,6 +257,7 @@ class CachePolicy:
     name: str
     factory: str
     budget: Callable[[], int] | None = None
+    priority: int = 0
 
 
 @define(frozen=True)
@@ -301,6 +343,7 @@ __all__ = [
     "ForcedCall",
     "GrammarEngine",
     "HOOKS",
+    "LayerCache",
     "Media",
     "MediaTranscoder",
     "MemoryFit",
@@ -315,6 +358,8 @@ __all__ = [
     "StreamParser",
     "Tool",
     "ToolCall",
+    "attention_cache",
+    "attention_layers",
     "hookimpl",
     "hookspec",
 ]

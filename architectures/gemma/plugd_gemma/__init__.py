@@ -5,15 +5,17 @@ The model modules import MLX, so they are only named here; the runner imports th
 """
 
 from plugd.hookspecs import Architecture, hookimpl
+from plugd_gemma.config import gemma3_cache_layers, gemma4_cache_layers
 
-PLUGD_API = "1.1"
+PLUGD_API = "1.2"
 
 
 @hookimpl
 def plugd_architectures() -> list[Architecture]:
     return [
-        Architecture(model_type="gemma3_text", module="plugd_gemma.gemma3_text"),
-        Architecture(model_type="gemma3", module="plugd_gemma.gemma3", media_types=frozenset({"image/png", "image/jpeg"})),
-        Architecture(model_type="gemma4_text", module="plugd_gemma.gemma4_text"),
-        Architecture(model_type="gemma4", module="plugd_gemma.gemma4"),
+        Architecture(model_type="gemma3_text", module="plugd_gemma.gemma3_text", cache_layers=gemma3_cache_layers),
+        Architecture(model_type="gemma3", module="plugd_gemma.gemma3", media_types=frozenset({"image/png", "image/jpeg"}),
+                     cache_layers=gemma3_cache_layers),
+        Architecture(model_type="gemma4_text", module="plugd_gemma.gemma4_text", cache_layers=gemma4_cache_layers),
+        Architecture(model_type="gemma4", module="plugd_gemma.gemma4", cache_layers=gemma4_cache_layers),
     ]

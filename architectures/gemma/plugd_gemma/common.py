@@ -1,8 +1,7 @@
-"""What Gemma 3 and Gemma 4 text models share: which layers slide, rotary settings per layer type, scaled
-embeddings, soft-capping and attention over a full or sliding-window cache.
+"""What Gemma 3 and Gemma 4 text models share: rotary settings per layer type, scaled embeddings, soft-capping
+and attention over a full or sliding-window cache (which layers slide: plugd_gemma.config).
 
-Configs come in two vintages. Older ones give the layer pattern as
-`sliding_window_pattern` (every n-th layer global) and the rotary bases as
+Configs come in two vintages. Older ones give the rotary bases as
 `rope_theta` (global layers, with `rope_scaling`) and `rope_local_base_freq`
 (sliding layers); transformers 5 lists `layer_types` and nests one
 `rope_parameters` entry per layer type.
@@ -19,21 +18,7 @@ import mlx.core as mx
 from plugd.nn.attention import scaled_dot_product_attention
 from plugd.nn.cache import KVCache
 from plugd.nn.rotating import RotatingKVCache, window_mask
-
-SLIDING = "sliding_attention"
-FULL = "full_attention"
-
-
-def layer_types(config: Mapping[str, Any], default_pattern: int) -> list[str]:
-    """Each layer's attention kind, from `layer_types` or else `sliding_window_pattern` (every n-th layer full)."""
-    count = config["num_hidden_layers"]
-    if config.get("layer_types"):
-        kinds = list(config["layer_types"])
-        if len(kinds) != count or set(kinds) - {SLIDING, FULL}:
-            raise ValueError(f"layer_types must name {count} layers as {SLIDING!r} or {FULL!r}")
-        return kinds
-    pattern = config.get("sliding_window_pattern") or default_pattern
-    return [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(count)]
+from plugd_gemma.config import FULL, SLIDING
 
 
 @dataclass(frozen=True)

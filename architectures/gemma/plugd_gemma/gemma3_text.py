@@ -26,18 +26,16 @@ from plugd.nn.decoder import DecoderShape, LanguageModel
 from plugd.nn.linear import Embedding, Linear
 from plugd.nn.mlp import GatedMLP
 from plugd_gemma.common import (
-    FULL,
-    SLIDING,
     GemmaRoPE,
     RopeSettings,
     attend,
     attend_shared,
     embedding_scale,
-    layer_types,
     make_layer_cache,
     rope_settings,
     soft_cap,
 )
+from plugd_gemma.config import FULL, SLIDING, layer_types
 from plugd_gemma.spans import Span, place_media, span_mask, spans_of
 
 ROPE_DEFAULTS = {FULL: {"rope_theta": 1_000_000.0}, SLIDING: {"rope_theta": 10_000.0}}

@@ -48,6 +48,10 @@ class Model(nn.Module):
     def make_cache(self) -> list:
         return self.language_model.make_cache()
 
+    @property
+    def quant_predicate(self):
+        return self.language_model.quant_predicate
+
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Hub names (`model.language_model.X`, `lm_head`) as the decoder's own (`model.X`), its folds applied, all
         under `language_model.`; MLX-converted names pass as they are; media towers are dropped."""

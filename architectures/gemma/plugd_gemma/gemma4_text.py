@@ -32,20 +32,19 @@ from plugd.nn.decoder import DecoderShape, LanguageModel
 from plugd.nn.linear import Embedding, Linear
 from plugd.nn.mlp import GatedMLP
 from plugd.nn.norms import RMSNorm
+from plugd.nn.switch import routers_at_8_bits
 from plugd.nn.switch_mlp import SwitchGLU
 from plugd_gemma.common import (
-    FULL,
-    SLIDING,
     GemmaRoPE,
     RopeSettings,
     attend,
     attend_shared,
     embedding_scale,
-    layer_types,
     make_layer_cache,
     rope_settings,
     soft_cap,
 )
+from plugd_gemma.config import FULL, SLIDING, layer_types
 
 ROPE_DEFAULTS = {
     FULL: {"rope_theta": 1_000_000.0, "rope_type": "proportional", "partial_rotary_factor": 0.25},
@@ -293,6 +292,10 @@ class Model(LanguageModel):
         The cache holds one entry per layer that computes keys and values (see make_cache)."""
         h = self.model(tokens, cache if cache is not None else [None] * self.args.kv_layers)
         return soft_cap(self.logits(h), self.args.final_logit_softcapping)
+
+    @property
+    def quant_predicate(self):
+        return routers_at_8_bits("router.proj")
 
     def make_cache(self) -> list:
         return [make_layer_cache(kind, self.args.sliding_window) for kind in self.args.layer_types[: self.args.kv_layers]]

@@ -29,48 +29,7 @@ from plugd.nn.recurrent import RecurrentCache
 from plugd.nn.short_conv import ShortConv, fold_conv_weights
 from plugd.nn.switch import stack_experts
 from plugd.nn.switch_mlp import SwitchMLP
-
-MAMBA, ATTENTION, MLP, MOE = "M", "*", "-", "E"
-BLOCK_NAMES = {
-    "linear_attention": MAMBA,
-    "mamba": MAMBA,
-    "full_attention": ATTENTION,
-    "attention": ATTENTION,
-    "mlp": MLP,
-    "moe": MOE,
-}
-# Config keys transformers still reads under their older names.
-OLDER_NAMES = {"n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv", "time_step_limit": "mamba_dt_limit",
-               "use_conv_bias": "mamba_conv_bias"}
-# transformers reads use_bias for the Mamba2 projections, mlx-lm mamba_proj_bias.
-BIASES = ("attention_bias", "mlp_bias", "mamba_proj_bias", "use_bias")
-
-
-def _read(config: Mapping[str, Any], key: str, default: Any = None) -> Any:
-    if key in config:
-        return config[key]
-    return config.get(OLDER_NAMES.get(key, key), default)
-
-
-def _number(value: Any) -> float:
-    """A float from config.json, where mlx-lm's convert writes infinities as {"__float__": "Infinity"}."""
-    return float(value["__float__"] if isinstance(value, dict) else value)
-
-
-def block_pattern(config: Mapping[str, Any]) -> str:
-    """One character per layer ("M", "*", "-", "E") from a config of either vintage."""
-    names = config.get("layers_block_type") or config.get("layer_types")
-    if names is not None:
-        if unknown := sorted(set(names) - BLOCK_NAMES.keys()):
-            raise ValueError(f"unknown layer types {unknown}; known: {sorted(BLOCK_NAMES)}")
-        return "".join(BLOCK_NAMES[name] for name in names)
-    pattern = config.get("hybrid_override_pattern")
-    if pattern is None:
-        raise ValueError("config.json has none of hybrid_override_pattern, layers_block_type, layer_types")
-    pattern = "".join(pattern)
-    if unknown := sorted(set(pattern) - set(BLOCK_NAMES.values())):
-        raise ValueError(f"unknown hybrid_override_pattern characters {unknown}")
-    return pattern
+from plugd_nemotron.config import ATTENTION, BIASES, MAMBA, MLP, MOE, block_pattern, number, read
 
 
 @dataclass(frozen=True)
@@ -112,7 +71,7 @@ class ModelArgs:
         heads = config["num_attention_heads"]
         pattern = block_pattern(config)
         moe = MOE in pattern
-        low, high = _read(config, "time_step_limit") or (0.0, math.inf)
+        low, high = read(config, "time_step_limit") or (0.0, math.inf)
         return cls(
             vocab_size=config["vocab_size"],
             hidden_size=config["hidden_size"],
@@ -125,10 +84,10 @@ class ModelArgs:
             mamba_num_heads=config["mamba_num_heads"],
             mamba_head_dim=config["mamba_head_dim"],
             ssm_state_size=config["ssm_state_size"],
-            n_groups=_read(config, "n_groups", 8),
-            conv_kernel=_read(config, "conv_kernel", 4),
-            use_conv_bias=_read(config, "use_conv_bias", True),
-            time_step_limit=(_number(low), _number(high)),
+            n_groups=read(config, "n_groups", 8),
+            conv_kernel=read(config, "conv_kernel", 4),
+            use_conv_bias=read(config, "use_conv_bias", True),
+            time_step_limit=(number(low), number(high)),
             intermediate_size=config.get("intermediate_size", 0),
             # transformers 5 may write num_local_experts for n_routed_experts.
             n_routed_experts=config.get("n_routed_experts", config.get("num_local_experts", 0)) if moe else 0,

@@ -54,6 +54,10 @@ class Model(nn.Module):
     def make_cache(self) -> list[qwen3_next.Cache]:
         return self.language_model.make_cache()
 
+    @property
+    def quant_predicate(self):
+        return self.language_model.quant_predicate
+
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """The language model's tensors, named relative to it and folded as Qwen3-Next's are (multi-token-prediction
         weights dropped on purpose there); the vision tower's are dropped, since only text runs here."""

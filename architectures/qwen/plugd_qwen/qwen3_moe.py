@@ -15,7 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from plugd.nn.linear import Linear
-from plugd.nn.switch import stack_experts
+from plugd.nn.switch import routers_at_8_bits, stack_experts
 from plugd.nn.switch_mlp import SwitchGLU
 from plugd_qwen import qwen3
 
@@ -70,6 +70,10 @@ class SparseMoeBlock(nn.Module):
 
 class Model(qwen3.Model):
     args: ModelArgs
+
+    @property
+    def quant_predicate(self):
+        return routers_at_8_bits("mlp.gate")
 
     def feed_forward(self, args: ModelArgs, layer: int) -> nn.Module:
         return SparseMoeBlock(args) if args.is_sparse(layer) else super().feed_forward(args, layer)

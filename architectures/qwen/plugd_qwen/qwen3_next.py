@@ -37,10 +37,10 @@ from plugd.nn.norms import RMSNorm
 from plugd.nn.recurrent import RecurrentCache
 from plugd.nn.rope import RoPE
 from plugd.nn.short_conv import ShortConv, fold_conv_weights
-from plugd.nn.switch import stack_experts
+from plugd.nn.switch import routers_at_8_bits, stack_experts
 from plugd_qwen import qwen3, qwen3_moe
+from plugd_qwen.config import LINEAR, layer_types
 
-LINEAR, FULL = "linear_attention", "full_attention"
 # RMS norms whose checkpoint weight is stored as weight - 1 (output = norm(x) * (1 + weight)).
 ZERO_CENTRED_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
                       ".q_norm.weight", ".k_norm.weight")
@@ -95,19 +95,6 @@ def hybrid_fields(config: Mapping[str, Any]) -> dict[str, Any]:
         "linear_conv_kernel_dim": text.get("linear_conv_kernel_dim", 4),
         "layer_types": layer_types(text),
     }
-
-
-def layer_types(text: Mapping[str, Any]) -> tuple[str, ...]:
-    """Each layer's attention kind: `layer_types` (transformers 5), else every `full_attention_interval`-th is full."""
-    if "layer_types" in text:
-        kinds = tuple(text["layer_types"])
-        if unknown := sorted(set(kinds) - {LINEAR, FULL}):
-            raise ValueError(f"unknown layer types {unknown}; known: {LINEAR}, {FULL}")
-        if len(kinds) != text["num_hidden_layers"]:
-            raise ValueError(f"{len(kinds)} layer_types for {text['num_hidden_layers']} layers")
-        return kinds
-    interval = text.get("full_attention_interval", 4)
-    return tuple(FULL if (i + 1) % interval == 0 else LINEAR for i in range(text["num_hidden_layers"]))
 
 
 class GatedAttention(nn.Module):
@@ -253,6 +240,10 @@ class Model(LanguageModel):
     def __call__(self, tokens: mx.array, cache: list[Cache] | None = None) -> mx.array:
         """(batch, length) int32 token ids -> (batch, length, vocab) logits, advancing `cache` when given."""
         return self.logits(self.model(tokens, cache if cache is not None else [None] * self.args.num_hidden_layers))
+
+    @property
+    def quant_predicate(self):
+        return routers_at_8_bits("mlp.gate", "mlp.shared_expert_gate")
 
     def make_cache(self) -> list[Cache]:
         """Per layer: a recurrent cache for linear attention, keys and values for full attention."""

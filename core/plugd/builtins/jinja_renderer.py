@@ -14,7 +14,8 @@ from jinja2 import TemplateError, TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
 from plugd.hookspecs import Renderer, RenderRequest, hookimpl
-from plugd.types import Message, Prompt, Tool
+from plugd.rendering import special_token_text, tool_dict
+from plugd.types import Message, Prompt
 
 
 class ChatTemplateError(ValueError):
@@ -109,20 +110,6 @@ def message_dict(message: Message) -> dict[str, Any]:
     if message.tool_name:
         out["name"] = message.tool_name
     return out
-
-
-def tool_dict(tool: Tool) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters},
-    }
-
-
-def special_token_text(value: Any) -> str:
-    # tokenizer_config stores special tokens either as strings or as AddedToken dicts.
-    if isinstance(value, dict):
-        return value.get("content", "")
-    return value or ""
 
 
 def render(request: RenderRequest) -> Prompt:

@@ -30,9 +30,9 @@ from plugd.chat.request import (
     ToolChoice,
     UnparseableOutput,
 )
-from plugd.conversation import check_conversation
 from plugd.hookspecs import ClientRenderer, ClientRequest, ParsedPiece, Parser, RenderRequest, StreamParser
 from plugd.plugins import Registry
+from plugd.rendering import check_conversation
 from plugd.scheduler.durations import parse_keep_alive
 from plugd.scheduler.runner_client import RunnerProcess, RunnerRejected
 from plugd.scheduler.scheduler import Scheduler

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from plugd.constants import CACHE_STEP
+
 
 class KVCache:
     """The keys and values of every position seen so far, (batch, kv_heads, length, head_dim).
@@ -19,7 +21,7 @@ class KVCache:
 
     trimmable = True
 
-    def __init__(self, step: int = 256):
+    def __init__(self, step: int = CACHE_STEP):
         self.step = step
         self.reserved = self.expected = 0
         self.offset = 0

@@ -14,6 +14,8 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
+from plugd.constants import CACHE_STEP, ROTATING_SLACK
+
 
 class RotatingState(NamedTuple):
     """A snapshot of a RotatingKVCache: keys and values of positions start .. offset - 1."""
@@ -48,7 +50,7 @@ class RotatingKVCache:
 
     trimmable = True
 
-    def __init__(self, window: int, slack: int = 256, step: int = 256):
+    def __init__(self, window: int, slack: int = ROTATING_SLACK, step: int = CACHE_STEP):
         self.window, self.slack, self.step = window, slack, step
         self.offset = 0
         self.start = 0

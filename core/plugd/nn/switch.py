@@ -14,6 +14,19 @@ from plugd.nn.linear import QuantizedWeight
 
 # From this many (token, expert) pairs, sorting them by expert pays off: each expert's weights are read once.
 SORT_FROM_ROWS = 64
+# How mlx-lm's MoE model files quantize their routers (a router's logits pick the experts; a shared-expert gate
+# weighs the shared expert): with more precision than the rest.
+ROUTER_QUANTIZATION = {"group_size": 64, "bits": 8}
+
+
+def routers_at_8_bits(*suffixes: str):
+    """A model's `quant_predicate`, in mlx-lm's form, for the routers whose module paths end in `suffixes`:
+    `predicate(path, module)` is ROUTER_QUANTIZATION for those, True (the quantization asked for) for the rest."""
+
+    def predicate(path: str, module: nn.Module) -> dict[str, int] | bool:
+        return ROUTER_QUANTIZATION if path.endswith(suffixes) else True
+
+    return predicate
 
 
 class SwitchLinear(nn.Module):

@@ -1,114 +1,24 @@
-"""What the runner keeps of its caches from one completion to the next: the cache policy.
+"""The built-in cache policy, single-slot, and how the runner makes the policy a CachePolicy descriptor names.
 
-The engine owns generation; a policy owns the model's caches (`layers`) and the
-tokens they hold (`tokens`). Per completion the engine calls, in order:
-
-- `resume(prompt)`: bring `layers` to the longest prefix of `prompt` (short of
-  its last token) the policy can give back, and return its length;
-- `capture_points(start, end)`: positions in (start, end) where the prefill
-  should pause so the policy can take a restore point; the engine ends a chunk
-  at each;
-- `prefilled()` after every prefill chunk: `layers` hold exactly `tokens`, the
-  moment to capture what a retry after a cancellation can resume from;
-- `finished()` once the completion ends, however it ends.
-
-A policy is made by a factory `module:callable` named by a `CachePolicy` hook
-descriptor, called with the loaded model (whose `make_cache()` gives fresh
-caches) and, for a policy that declares a budget, `budget=` the bytes the
-scheduler granted it. plugd.cache_policies says which policy runs.
+The contract every policy meets is in plugd.runner_api.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from plugd.constants import SNAPSHOT_LIMIT
 from plugd.nn.cache import KVCache
-
-
-class RunnerCachePolicy(Protocol):
-    layers: list[Any]
-    tokens: list[int]
-
-    def resume(self, prompt: Sequence[int]) -> int: ...
-
-    def reserve(self, positions: int, expected: int = 0) -> None: ...
-
-    def capture_points(self, start: int, end: int) -> Sequence[int]: ...
-
-    def prefilled(self) -> None: ...
-
-    def finished(self) -> None: ...
-
-    def reset(self) -> None: ...
-
-    def stats(self) -> dict[str, int]: ...
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    length = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        length += 1
-    return length
-
-
-class LiveCache:
-    """The model's caches and the tokens they hold; the part every policy shares.
-
-    Invariant between steps: every layer's offset equals len(tokens).
-    """
-
-    def __init__(self, model: nn.Module):
-        self._model = model
-        self._reserved = (0, 0)
-        self.reset()
-
-    def reset(self) -> None:
-        self.layers = self._model.make_cache()
-        self.tokens: list[int] = []
-        self.reserve(*self._reserved)
-
-    def trim_to(self, length: int) -> bool:
-        """Forget every token past `length`; False (caches untouched past `length` not guaranteed) when a layer
-        cannot forget that much."""
-        excess = len(self.tokens) - length
-        if any(layer.trim(excess) != excess for layer in self.layers):
-            return False
-        del self.tokens[length:]
-        return True
-
-    def reserve(self, positions: int, expected: int = 0) -> None:
-        """Tell the caches the context's size (`positions`, which they never grow past, as the fit check counts)
-        and what the completion under way should reach (`expected`, allocated at once at their next growth, so
-        that memory stays flat while it decodes); beyond that they double as they fill."""
-        self._reserved = (positions, expected)
-        for layer in self.layers:
-            if hasattr(layer, "reserve"):
-                layer.reserve(positions, expected)
-
-    def capture_points(self, start: int, end: int) -> Sequence[int]:
-        return ()
-
-    def prefilled(self) -> None:
-        pass
-
-    def finished(self) -> None:
-        pass
-
-    def stats(self) -> dict[str, int]:
-        return {"bytes": 0, "nodes": 0}
-
+from plugd.runner_api import LiveCache, RunnerCachePolicy, common_prefix
 
 # Where the single-slot policy snapshots the layers that cannot trim back (recurrent, sliding-window).
 SNAPSHOT_INTERVAL = 1024  # along the live path, every this many tokens
 SNAPSHOTS_BEFORE_END = (256, 64, 16)  # this far before each prompt's end, where an agent's next prompt departs
-SNAPSHOT_LIMIT = 8  # at most this many on the path; the newest len(SNAPSHOTS_BEFORE_END) + 1 are never thinned
 
 
 class SingleSlotPolicy(LiveCache):

@@ -1,7 +1,7 @@
 """The runner's generation engine: one completion at a time on one model, in-process.
 
 A completion fits the prompt into the context, resumes from the longest prefix the
-cache policy (plugd.runner.cache_policy) can restore, prefills the rest in chunks, then
+cache policy (plugd.runner_api) can restore, prefills the rest in chunks, then
 decodes pipelined: step n+1 is dispatched to MLX before token n is read, so
 the device never waits for Python. All of it must run on one thread (MLX
 streams are thread-local).
@@ -25,12 +25,14 @@ import mlx.core as mx
 import mlx.nn as nn
 from PIL import Image
 
-from plugd.runner.cache_policy import RunnerCachePolicy, single_slot
-from plugd.runner.grammar import GrammarRefused, TokenMask
+from plugd.constants import PREFILL_CHUNK
+from plugd.runner.cache_policy import single_slot
+from plugd.runner.grammar import TokenMask
 from plugd.runner.media import inside_run, media_runs
 from plugd.runner.sampling import NEGATIVE_INFINITY, Sampler, SamplingParams
 from plugd.runner.stops import StopMatcher
 from plugd.runner.tokenizer import Detokenizer, Tokenizer
+from plugd.runner_api import GrammarRefused, RunnerCachePolicy
 
 # MLX keeps freed buffers for reuse; generation hands them back every this many tokens.
 RELEASE_BUFFERS_EVERY = 256
@@ -164,7 +166,7 @@ class _Tally:
 class Engine:
     """Generates completions on one model, one at a time, reusing the previous completion's caches."""
 
-    def __init__(self, model: nn.Module, tokenizer: Tokenizer, prefill_chunk: int = 512,
+    def __init__(self, model: nn.Module, tokenizer: Tokenizer, prefill_chunk: int = PREFILL_CHUNK,
                  cache_policy: Callable[[nn.Module], RunnerCachePolicy] = single_slot):
         self.model = model
         self.tokenizer = tokenizer

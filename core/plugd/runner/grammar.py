@@ -1,17 +1,5 @@
 """Structured output in the runner: grammar engines found by import path, compiled off the MLX thread, one
-token mask per decode step.
-
-A grammar engine plugin (hook `plugd_grammar_engines`) names a factory `module:callable`. The daemon never
-imports it; the runner calls it once per model with the model's `GrammarVocabulary` and gets a compiler:
-
-    compiler.compile(kind, format) -> compiled    # kind "json" or "json_schema"; raises GrammarRefused,
-                                                  # naming what it cannot enforce, instead of ignoring it
-    compiled.matcher() -> matcher                 # one per request:
-        matcher.fill_mask(bitmask)                # bit t of bitmask[t // 32] set <=> token t may come next;
-                                                  # stop ids only once the output is complete
-        matcher.accept(token) -> bool             # False: the token breaks the grammar
-
-The bitmask is numpy int32, ceil(width / 32) words, little-endian bit order within each word.
+token mask per decode step. The contract an engine meets is in plugd.runner_api.
 """
 
 from __future__ import annotations
@@ -20,59 +8,15 @@ import importlib
 import math
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 import mlx.core as mx
 import numpy as np
 
-from plugd.runner.tokenizer import Tokenizer
+from plugd.runner_api import Compiled, Compiler, GrammarRefused, GrammarVocabulary, Matcher
 
 KINDS = ("json", "json_schema")
-
-
-class GrammarRefused(ValueError):
-    """The request's format cannot be enforced (an unsupported schema feature, a malformed grammar spec)."""
-
-
-@attrs.frozen
-class GrammarVocabulary:
-    """What a grammar engine needs to know of a model's tokens.
-
-    `token_bytes[t]` is the text token `t` adds to the output; it is b"" for ids that never belong in
-    structured text: control and other added tokens (`<|im_end|>`, `<think>`) and ids past the tokenizer's
-    vocabulary (the model's logits may be wider). `stop_ids` end generation.
-    """
-
-    token_bytes: list[bytes]
-    stop_ids: frozenset[int]
-
-    @property
-    def width(self) -> int:
-        return len(self.token_bytes)
-
-    @classmethod
-    def of(cls, tokenizer: Tokenizer, width: int) -> GrammarVocabulary:
-        """The vocabulary of `tokenizer` over a model whose logits have `width` entries."""
-        added = tokenizer.added_ids
-        usable = min(width, tokenizer.vocab_size)
-        token_bytes = [b"" if t in added else tokenizer.token_bytes(t) for t in range(usable)]
-        token_bytes += [b""] * (width - usable)
-        return cls(token_bytes, frozenset(t for t in tokenizer.eos_ids if t < width))
-
-
-class Matcher(Protocol):
-    def fill_mask(self, bitmask: np.ndarray) -> None: ...
-
-    def accept(self, token: int) -> bool: ...
-
-
-class Compiled(Protocol):
-    def matcher(self) -> Matcher: ...
-
-
-class Compiler(Protocol):
-    def compile(self, kind: str, format: Any) -> Compiled: ...
 
 
 @attrs.frozen

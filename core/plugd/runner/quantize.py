@@ -6,7 +6,8 @@ The model is built through the architecture plugin, so `sanitize` folds apply
 (experts stacked) and the output holds plugd's parameter layout, which is
 mlx-lm's too. Layers are chosen as mlx-lm's convert chooses them: every layer
 with a quantized twin, except those whose inputs do not fill whole groups
-(left dense), and MoE routers and shared-expert gates at 8 bits in groups of 64. Tensors stay lazy
+(left dense), and as the model's `quant_predicate` says where it has one (an
+MoE model's routers at 8 bits, as in mlx-lm's model files). Tensors stay lazy
 until their shard is written, so memory holds about one shard at a time.
 """
 
@@ -18,7 +19,7 @@ import json
 import shutil
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -30,11 +31,6 @@ from plugd.runner.loading import CheckpointError, check_fits, read_weights
 
 BITS = (2, 3, 4, 5, 6, 8)
 GROUP_SIZES = (32, 64, 128)
-# mlx-lm's quant_predicate for MoE models: a router's logits pick the experts and a shared-expert gate weighs the
-# shared expert, so they keep more precision. Qwen3-MoE/Next/3.5 name them mlp.gate and mlp.shared_expert_gate,
-# Gemma 4 router.proj.
-ROUTER_SUFFIXES = ("mlp.gate", "shared_expert_gate", "router.proj")
-ROUTER_QUANTIZATION = {"group_size": 64, "bits": 8}
 MAX_SHARD_BYTES = 2 << 30
 COPIED_FILES = (
     "tokenizer*",
@@ -86,10 +82,11 @@ def _write(src: Path, out: Path, module: ModuleType, default: dict[str, int]) ->
         raise CheckpointError(f"missing tensor {missing.args[0]}") from None
     check_fits(model, weights)
     quantization: dict[str, Any] = {**default, "mode": "affine"}
+    predicate = getattr(model, "quant_predicate", None)
     for path, layer in model.named_modules():
         if not hasattr(layer, "to_quantized"):
             continue
-        params = _layer_quantization(path, layer, default)
+        params = _layer_quantization(path, layer, default, predicate)
         if params != default:
             quantization[path] = params or False
         if params:
@@ -106,9 +103,14 @@ def _write(src: Path, out: Path, module: ModuleType, default: dict[str, int]) ->
                 shutil.copy2(file, out)
 
 
-def _layer_quantization(path: str, layer: nn.Module, default: dict[str, int]) -> dict[str, int] | None:
-    """{group_size, bits} for the layer at `path`, or None where its inputs do not fill whole groups."""
-    params = ROUTER_QUANTIZATION if path.endswith(ROUTER_SUFFIXES) else default
+def _layer_quantization(path: str, layer: nn.Module, default: dict[str, int],
+                        predicate: Callable[[str, nn.Module], dict[str, int] | bool] | None) -> dict[str, int] | None:
+    """{group_size, bits} for the layer at `path`, or None where it stays dense: the model's predicate says so, or
+    its inputs do not fill whole groups."""
+    chosen = predicate(path, layer) if predicate is not None else True
+    if chosen is False:
+        return None
+    params = default if chosen is True else chosen
     return params if layer.weight.shape[-1] % params["group_size"] == 0 else None
 
 
@@ -153,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m plugd.runner.quantize", description=__doc__.splitlines()[0])
     parser.add_argument("src", type=Path, help="float checkpoint directory")
     parser.add_argument("dst", type=Path, help="output directory: must not exist, or be empty")
-    parser.add_argument("--module", required=True, help="architecture module, e.g. plugd_qwen.qwen3")
+    parser.add_argument("--module", required=True, help="architecture module, as its plugin's descriptor names it")
     parser.add_argument("--bits", type=int, required=True, help=f"bits per weight: {', '.join(map(str, BITS))}")
     parser.add_argument("--group-size", type=int, default=64, help="weights sharing a scale and bias (default 64)")
     args = parser.parse_args(argv)

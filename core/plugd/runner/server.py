@@ -37,15 +37,15 @@ from litestar import Litestar, Request, Response, get, post
 from litestar.datastructures import State
 from litestar.response import Stream
 
-from plugd import plugins
-from plugd.cache_policies import chosen_policy
+from plugd.protocol import RunnerConfig
 from plugd.runner.cache_policy import make_policy
 from plugd.runner.errors import CHECKPOINT_REFUSED, CheckpointError
 from plugd.runner.generate import CompletionRequest, DoneEvent, Engine, PrefillEvent, TokenEvent, prompt_limit
-from plugd.runner.grammar import GrammarRefused, Grammars, GrammarSpec, GrammarVocabulary, TokenMaskFactory
-from plugd.runner.loading import load_model
+from plugd.runner.grammar import Grammars, GrammarSpec, TokenMaskFactory
+from plugd.runner.loading import compute_dtype, load_model
 from plugd.runner.media import EncodedPrompt, encode
 from plugd.runner.tokenizer import Tokenizer
+from plugd.runner_api import GrammarRefused, GrammarVocabulary
 from plugd.types import structure
 
 log = logging.getLogger("plugd.runner")
@@ -54,21 +54,21 @@ log = logging.getLogger("plugd.runner")
 class ModelHost:
     """The loaded model and the single thread every MLX call runs on."""
 
-    def __init__(self, model_dir: Path, module: str, cache_budget: int | None = None):
+    def __init__(self, model_dir: Path, config: RunnerConfig):
         self.mlx = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx")
         started = time.perf_counter()
-        self.engine: Engine = self.mlx.submit(self._load, model_dir, module, cache_budget).result()
+        self.engine: Engine = self.mlx.submit(self._load, model_dir, config).result()
         self.load_seconds = time.perf_counter() - started
         self.grammars = Grammars(lambda: GrammarVocabulary.of(self.engine.tokenizer, self.engine.logits_width))
 
     @staticmethod
-    def _load(model_dir: Path, module: str, cache_budget: int | None) -> Engine:
-        model = load_model(model_dir, importlib.import_module(module))
+    def _load(model_dir: Path, config: RunnerConfig) -> Engine:
+        model = load_model(model_dir, importlib.import_module(config.module))
         _return_freed_heap()
-        factory = chosen_policy(plugins.load().named("plugd_cache_policies")).factory
-        log.info("cache policy %s%s", factory, "" if cache_budget is None else f", budget {cache_budget} bytes")
+        budget = config.cache_budget
+        log.info("cache policy %s%s", config.cache_policy, "" if budget is None else f", budget {budget} bytes")
         return Engine(model, Tokenizer.from_dir(model_dir),
-                      cache_policy=lambda m: make_policy(factory, m, cache_budget))
+                      cache_policy=lambda m: make_policy(config.cache_policy, m, budget))
 
     def encode(self, text: str, media: list[dict[str, str]], decode_images: bool = True) -> EncodedPrompt:
         """`text` and its images as the engine takes them; ValueError when the images do not fit the prompt."""
@@ -179,7 +179,8 @@ async def status(request: Request) -> dict[str, Any]:
     host = _host(request)
     # Read off the MLX thread: a snapshot of two counters, good enough for a status line.
     return {"status": "ready", "load_seconds": host.load_seconds, "memory": host.memory(),
-            "cache": host.engine.cache.stats(), "device": mx.default_device().type.name} | _working_set()
+            "cache": host.engine.cache.stats(), "device": mx.default_device().type.name,
+            "float_bytes": compute_dtype().size} | _working_set()
 
 
 def _working_set() -> dict[str, int]:
@@ -270,12 +271,12 @@ def _exit_with_the_daemon(interval: float = 1.0) -> None:
     threading.Thread(target=watch, name="plugd-daemon-watch", daemon=True).start()
 
 
-def main(model_dir: str, module: str, socket_path: str, cache_budget: int | None = None) -> int:
+def main(model_dir: str, socket_path: str, config: str) -> int:
     logging.basicConfig(level=os.environ.get("PLUGD_LOG_LEVEL", "INFO").upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s runner[%(process)d]: %(message)s")
     _exit_with_the_daemon()
     try:
-        host = ModelHost(Path(model_dir), module, cache_budget)
+        host = ModelHost(Path(model_dir), RunnerConfig.from_json(config))
     except Exception as exc:  # the daemon reads this last line as the load error
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return CHECKPOINT_REFUSED if isinstance(exc, CheckpointError) else 1

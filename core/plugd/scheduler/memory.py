@@ -7,6 +7,10 @@ import math
 import platform
 from typing import Any
 
+from attrs import define
+
+from plugd.constants import CACHE_STEP, PREFILL_CHUNK, ROTATING_SLACK, SNAPSHOT_LIMIT
+from plugd.hookspecs import Architecture, LayerCache
 from plugd.plugins import Registry
 from plugd.procfs import kib_field
 from plugd.store.metadata import BYTES_PER_ELEMENT, FLOAT_DTYPES
@@ -14,95 +18,57 @@ from plugd.store.metadata import BYTES_PER_ELEMENT, FLOAT_DTYPES
 log = logging.getLogger(__name__)
 
 
-def compute_float_bytes() -> int:
-    """Bytes per float at the runner's compute dtype: bfloat16 on Apple silicon's GPU, float32 on CPU."""
+def guessed_float_bytes() -> int:
+    """Bytes per float at the runner's compute dtype, until a runner has said (`float_bytes` in its status):
+    bfloat16 on Apple silicon's GPU, float32 on CPU."""
     return 2 if platform.system() == "Darwin" and platform.machine() == "arm64" else 4
 
 
-def weight_bytes(tensors: dict[str, dict[str, Any]]) -> int:
+def weight_bytes(tensors: dict[str, dict[str, Any]], float_bytes: int) -> int:
     """Weights as the runner holds them: floats cast to the compute dtype, packed quantized data as stored."""
-    per_float = compute_float_bytes()
     return sum(
-        math.prod(t["shape"]) * (per_float if t["dtype"] in FLOAT_DTYPES else BYTES_PER_ELEMENT.get(t["dtype"], 1))
+        math.prod(t["shape"]) * (float_bytes if t["dtype"] in FLOAT_DTYPES else BYTES_PER_ELEMENT.get(t["dtype"], 1))
         for t in tensors.values()
     )
 
 
-# What the runner's caches (plugd.nn) hold beyond the positions themselves: KV buffers grow CACHE_STEP positions at
-# a time; a sliding-window buffer keeps ROTATING_SLACK positions past the window plus the prefill chunk being
-# written; and the cache policy keeps up to SNAPSHOTS snapshots of the layers that cannot trim back (recurrent and
-# sliding ones), each holding a copy of the layer's state once the live cache moves on.
-CACHE_STEP = 256
-ROTATING_SLACK = 256
-PREFILL_CHUNK = 512
-SNAPSHOTS = 8
 STATE_BYTES = 4  # recurrent states are kept in float32
 # A request's own arrays besides the caches, four 4-byte values per position (token history, positions) and per
 # vocabulary entry (the last logits and what sampling derives from them).
 WORKING_BYTES = 16
 
-FULL, SLIDING, RECURRENT, STATELESS = "full", "sliding", "recurrent", "stateless"
-# Layer type names of transformers 5 configs (layer_types, layers_block_type) and of Nemotron-H's pattern.
-LAYER_KINDS = {
-    "full_attention": FULL, "attention": FULL, "*": FULL,
-    "sliding_attention": SLIDING,
-    "linear_attention": RECURRENT, "mamba": RECURRENT, "M": RECURRENT,
-    "mlp": STATELESS, "moe": STATELESS, "-": STATELESS, "E": STATELESS,
-}
 
+@define(frozen=True)
+class CacheEstimate:
+    """An upper bound of what a model's caches come to for a context: each layer's (as its architecture declares
+    them, `Architecture.cache_layers`) as the runner builds them (plugd.constants): KV buffers grow CACHE_STEP
+    positions at a time; a sliding-window buffer keeps ROTATING_SLACK positions past the window plus the prefill
+    chunk being written; the cache policy keeps up to SNAPSHOT_LIMIT snapshots of the layers that cannot trim
+    back (sliding and recurrent ones). Plus the request's working arrays."""
 
-def layer_kinds(config: dict[str, Any]) -> list[str]:
-    """What each layer caches, from whichever of the configs' ways of saying it is present; a layer of an unknown
-    kind counts as full attention (never an underestimate). Layers sharing an earlier layer's keys and values
-    (Gemma 4's `num_kv_shared_layers`) cache nothing."""
-    count = config.get("num_hidden_layers", 0)
-    named = config.get("layer_types") or config.get("layers_block_type") or config.get("hybrid_override_pattern")
-    if named:
-        kinds = [LAYER_KINDS.get(name, FULL) for name in named]
-    elif interval := config.get("full_attention_interval"):
-        kinds = [FULL if (i + 1) % interval == 0 else RECURRENT for i in range(count)]
-    elif (pattern := config.get("sliding_window_pattern")) and config.get("sliding_window"):
-        kinds = [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(count)]
-    else:
-        kinds = [FULL] * count
-    shared = config.get("num_kv_shared_layers") or 0
-    return kinds[: len(kinds) - shared] + [STATELESS] * min(shared, len(kinds))
+    layers: list[LayerCache]
+    vocab_size: int
+    float_bytes: int
 
+    @classmethod
+    def of(cls, architecture: Architecture, config: dict[str, Any], float_bytes: int) -> CacheEstimate:
+        """For a model of `architecture` whose config.json is `config` (a multimodal one's text part counts)."""
+        text = config.get("text_config", config)
+        return cls(architecture.cache_layers(text), text.get("vocab_size", 0), float_bytes)
 
-def recurrent_state_bytes(config: dict[str, Any]) -> int:
-    """One recurrent layer's state: the convolution window at the compute dtype plus the float32 state, of a
-    Mamba2 (Nemotron-H) or Gated DeltaNet (Qwen3-Next, Qwen3.5) layer."""
-    if "mamba_num_heads" in config:
-        inner = config["mamba_num_heads"] * config["mamba_head_dim"]
-        state, groups = config["ssm_state_size"], config.get("n_groups", config.get("mamba_n_groups", 8))
-        kernel = config.get("conv_kernel", config.get("mamba_d_conv", 4))
-        return (kernel - 1) * (inner + 2 * groups * state) * compute_float_bytes() + inner * state * STATE_BYTES
-    keys = config["linear_num_key_heads"] * config["linear_key_head_dim"]
-    values = config["linear_num_value_heads"] * config["linear_value_head_dim"]
-    kernel = config.get("linear_conv_kernel_dim", 4)
-    return (kernel - 1) * (2 * keys + values) * compute_float_bytes() + values * config["linear_key_head_dim"] * STATE_BYTES
-
-
-def kv_cache_bytes(config: dict[str, Any], num_ctx: int) -> int:
-    """An upper bound of the runner's caches for a num_ctx context: keys and values of the attention layers (full
-    ones for every position, sliding ones for what their rotating buffer keeps), the fixed-size state of the
-    recurrent layers, the cache policy's snapshots of the latter two, and the request's working arrays."""
-    config = config.get("text_config", config)
-    heads = config.get("num_attention_heads", 1)
-    head_dim = config.get("head_dim") or config.get("hidden_size", 0) // heads
-    kv_heads = config.get("num_key_value_heads") or heads
-    # Gemma 4's global layers: wider heads, and their own key/value head count when keys double as values.
-    global_head_dim = max(head_dim, config.get("global_head_dim") or 0)
-    global_kv_heads = max(kv_heads, config.get("num_global_key_value_heads") or 0)
-    positions = -(-num_ctx // CACHE_STEP) * CACHE_STEP
-    window = min(positions, (config.get("sliding_window") or num_ctx) + ROTATING_SLACK + PREFILL_CHUNK + CACHE_STEP)
-    per_position = 2 * compute_float_bytes()
-    kinds = layer_kinds(config)
-    full = kinds.count(FULL) * positions * global_kv_heads * global_head_dim * per_position
-    sliding = kinds.count(SLIDING) * window * kv_heads * head_dim * per_position
-    recurrent = kinds.count(RECURRENT) * recurrent_state_bytes(config) if RECURRENT in kinds else 0
-    working = WORKING_BYTES * (num_ctx + config.get("vocab_size", 0))
-    return full + (1 + SNAPSHOTS) * (sliding + recurrent) + working
+    def bytes(self, num_ctx: int) -> int:
+        positions = -(-num_ctx // CACHE_STEP) * CACHE_STEP
+        full = kept = 0
+        for layer in self.layers:
+            if layer.window is None:
+                full += layer.per_position * positions
+            else:
+                window = min(positions, layer.window + ROTATING_SLACK + PREFILL_CHUNK + CACHE_STEP)
+                kept += layer.per_position * window
+            kept += layer.state
+        recurrent = sum(layer.state_float32 for layer in self.layers) * STATE_BYTES
+        working = WORKING_BYTES * (num_ctx + self.vocab_size)
+        return (full + (1 + SNAPSHOT_LIMIT) * kept) * self.float_bytes + (1 + SNAPSHOT_LIMIT) * recurrent + working
 
 
 # The smallest context a request without num_ctx gets (a model with a smaller maximum gets its maximum), whatever
@@ -110,18 +76,18 @@ def kv_cache_bytes(config: dict[str, Any], num_ctx: int) -> int:
 CONTEXT_FLOOR = 4096
 
 
-def default_context(config: dict[str, Any], room: float, maximum: int | None) -> int:
+def default_context(caches: CacheEstimate, room: float, maximum: int | None) -> int:
     """The context a request without num_ctx gets: the largest, up to the model's `maximum` (its trained context
-    length), whose caches (`kv_cache_bytes`) fit in `room` bytes, in whole CACHE_STEPs below the maximum, and never
-    under CONTEXT_FLOOR; CONTEXT_FLOOR when the maximum is unknown."""
+    length), whose caches fit in `room` bytes, in whole CACHE_STEPs below the maximum, and never under
+    CONTEXT_FLOOR; CONTEXT_FLOOR when the maximum is unknown."""
     if not maximum:
         return CONTEXT_FLOOR
-    if maximum <= CONTEXT_FLOOR or kv_cache_bytes(config, maximum) <= room:
+    if maximum <= CONTEXT_FLOOR or caches.bytes(maximum) <= room:
         return maximum
     low, high = CONTEXT_FLOOR // CACHE_STEP, -(-maximum // CACHE_STEP)  # in steps; high * CACHE_STEP does not fit
     while low + 1 < high:
         middle = (low + high) // 2
-        if kv_cache_bytes(config, middle * CACHE_STEP) <= room:
+        if caches.bytes(middle * CACHE_STEP) <= room:
             low = middle
         else:
             high = middle

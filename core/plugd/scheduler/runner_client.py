@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from plugd.blas import with_openblas
+from plugd.protocol import RunnerConfig
 from plugd.runner.errors import CHECKPOINT_REFUSED
 from plugd.scheduler.memory import resident_bytes
 from plugd.scratch import scratch_prefix
@@ -68,10 +69,9 @@ def runner_env() -> dict[str, str]:
 class RunnerProcess:
     """One `plugd runner` child. `start` and `close` are serialised; once closing has begun, start refuses."""
 
-    def __init__(self, files: dict[str, Path], module: str, cache_budget: int | None = None):
+    def __init__(self, files: dict[str, Path], config: RunnerConfig):
         self.files = files
-        self.module = module
-        self.cache_budget = cache_budget
+        self.config = config
         self.workdir = Path(tempfile.mkdtemp(prefix=scratch_prefix("runner")))
         self.socket = self.workdir / "runner.sock"
         self.log_path = self.workdir / "runner.log"
@@ -99,8 +99,7 @@ class RunnerProcess:
             with self.log_path.open("wb") as log_file:
                 self.process = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "plugd", "runner", "--model-dir", str(self._model_dir()),
-                    "--module", self.module, "--socket", str(self.socket),
-                    *([] if self.cache_budget is None else ["--cache-budget", str(self.cache_budget)]),
+                    "--socket", str(self.socket), "--config", self.config.to_json(),
                     stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=runner_env(),
                 )
             try:

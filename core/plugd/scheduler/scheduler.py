@@ -18,6 +18,7 @@ from attrs import define, field
 from plugd.cache_policies import chosen_policy
 from plugd.chat.models import ResolvedModel
 from plugd.plugins import Registry
+from plugd.protocol import RunnerConfig
 from plugd.scheduler import memory
 from plugd.scheduler.runner_client import RunnerError, RunnerProcess
 
@@ -60,12 +61,12 @@ class Runner(Protocol):
     def completion(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]: ...
 
 
-RunnerFactory = Callable[[ResolvedModel, "int | None"], Runner]
+RunnerFactory = Callable[[ResolvedModel, RunnerConfig], Runner]
 
 
-def spawn_runner(model: ResolvedModel, cache_budget: int | None) -> RunnerProcess:
-    """A runner process for `model` whose cache policy may keep `cache_budget` bytes beyond its live caches."""
-    return RunnerProcess(model.files, model.require_architecture().module, cache_budget)
+def spawn_runner(model: ResolvedModel, config: RunnerConfig) -> RunnerProcess:
+    """A runner process for `model`, started with `config`."""
+    return RunnerProcess(model.files, config)
 
 
 @define(eq=False)
@@ -94,6 +95,8 @@ class Scheduler:
         self.cache_policy = chosen_policy(registry.named("plugd_cache_policies"))
         self.max_loaded = int(os.environ.get("PLUGD_MAX_LOADED_MODELS") or 0) or math.inf
         self.device_limit: int | None = None  # the GPU's working set, once a runner has reported it
+        self.float_bytes = memory.guessed_float_bytes()  # the runners' compute dtype, as the first one reports it
+        self.device_known = False  # whether a runner has reported both
         self.max_queue = int(os.environ.get("PLUGD_MAX_QUEUE") or 512)
         self.loaded: dict[str, Loaded] = {}  # by manifest digest
         self.waiting = 0
@@ -125,11 +128,12 @@ class Scheduler:
         maximum = model.config.get("context_length")
         held, _ = self._memory()
         bound = memory.budget(self.registry, held, self.device_limit)
+        caches = self._caches(model)
         if bound is None:
-            return memory.default_context(model.model_files.config, math.inf, maximum)
+            return memory.default_context(caches, math.inf, maximum)
         busy = sum(self._claim(entry)[1] for entry in self.loaded.values() if entry.active > 0)
         policy = self.cache_policy.budget() if self.cache_policy.budget is not None else 0
-        context = memory.default_context(model.model_files.config, bound - busy - weights - policy, maximum)
+        context = memory.default_context(caches, bound - busy - weights - policy, maximum)
         log.info("%s gets a context of %d tokens (its maximum: %s) in the %.1f MiB left after its weights",
                  model.name, context, maximum, max(0, bound - busy - weights) / 2**20)
         return context
@@ -185,7 +189,7 @@ class Scheduler:
     async def _ready(self, model: ResolvedModel, num_ctx: int | None) -> Loaded:
         """The model's loaded runner, held for the caller; loads it (making room first) when needed."""
         model.require_architecture()  # refused before anything is evicted for it
-        weights = memory.weight_bytes(model.tensors)
+        weights = memory.weight_bytes(model.tensors, self.float_bytes)
         async with self.changed:
             if entry := self._usable(model.digest, num_ctx):
                 self._hold(entry)
@@ -201,7 +205,7 @@ class Scheduler:
                         continue
                     if stale is None:
                         context = num_ctx or self._default_context(model, weights)
-                        caches = memory.kv_cache_bytes(model.model_files.config, context)
+                        caches = self._caches(model).bytes(context)
                         needed = weights + caches
                         if await self._make_room(model, needed):
                             break
@@ -210,7 +214,8 @@ class Scheduler:
                     self._hold(entry)
                     return entry
                 cache_budget = self._cache_budget(needed)
-            entry = Loaded(model=model, runner=self.runner_factory(model, cache_budget), num_ctx=context,
+            config = RunnerConfig(model.require_architecture().module, self.cache_policy.factory, cache_budget)
+            entry = Loaded(model=model, runner=self.runner_factory(model, config), num_ctx=context,
                            size=needed, sized=num_ctx is None, cache_budget=cache_budget or 0,
                            growth=caches + (cache_budget or 0))
             try:
@@ -219,23 +224,31 @@ class Scheduler:
                 await entry.runner.close()
                 raise
             entry.resident_at_ready = entry.runner.resident_bytes()
-            await self._learn_device_limit(entry.runner)
+            await self._learn_device(entry.runner)
             async with self.changed:
                 self.loaded[model.digest] = entry
                 self._hold(entry)
             asyncio.get_running_loop().create_task(self._watch(entry))
             return entry
 
-    async def _learn_device_limit(self, runner: Runner) -> None:
-        """The GPU's bound on what all models hold, from the first runner that reports one (the daemon imports no
-        MLX); later loads fit under it, evicting idle models as the memory fits do."""
-        if self.device_limit is None:
-            try:
-                self.device_limit = (await runner.status()).get("working_set_bytes")
-            except (RunnerError, httpx.HTTPError, ValueError):
-                return
-            if self.device_limit is not None:
-                log.info("the GPU's working set bounds loaded models to %.1f MiB", self.device_limit / 2**20)
+    def _caches(self, model: ResolvedModel) -> memory.CacheEstimate:
+        return memory.CacheEstimate.of(model.require_architecture(), model.model_files.config, self.float_bytes)
+
+    async def _learn_device(self, runner: Runner) -> None:
+        """From the first runner that answers (the daemon imports no MLX): its compute dtype, which the estimates
+        count floats at, and the GPU's bound on what all models hold, which later loads fit under, evicting idle
+        models as the memory fits do."""
+        if self.device_known:
+            return
+        try:
+            status = await runner.status()
+        except (RunnerError, httpx.HTTPError, ValueError):
+            return
+        self.device_known = True
+        self.float_bytes = status.get("float_bytes", self.float_bytes)
+        self.device_limit = status.get("working_set_bytes")
+        if self.device_limit is not None:
+            log.info("the GPU's working set bounds loaded models to %.1f MiB", self.device_limit / 2**20)
 
     async def _make_room(self, model: ResolvedModel, needed: int) -> bool:
         """Evict idle models until `needed` fits; False to wait for busy ones; InsufficientMemory if it never fits."""

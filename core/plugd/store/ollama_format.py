@@ -20,12 +20,6 @@ from plugd.store.metadata import file_type, human_parameters, parameter_count, t
 from plugd.store.model_files import chat_template, read_json
 from plugd.store.store import Store, StoredModel
 
-# Ollama names that build the same renderer or parser as a name plugd's plugins use (model/renderers/renderer.go
-# and model/parsers/parsers.go in ollama/ollama).
-RENDERER_ALIASES = {"gemma4-small": "gemma4"}
-PARSER_ALIASES = {"qwen3-thinking": "qwen3", "ornith": "qwen3.5", "nemotron-3.5-nano": "nemotron-3-nano",
-                  "gemma4-no-thinking": "gemma4"}
-
 
 def config_view(store: Store, model: StoredModel, registry: Registry | None = None) -> dict[str, Any]:
     """The model's config blob as plugd reads it: unchanged for a model plugd made; for one in Ollama's format, with
@@ -65,8 +59,8 @@ def _described(store: Store, model: StoredModel) -> dict[str, Any]:
 
 def _plugin_names(store: Store, model: StoredModel, config: dict[str, Any], registry: Registry) -> tuple[str | None, ...]:
     renderers, parsers = registry.renderers(), registry.parsers()
-    renderer = _installed(config.get("renderer"), RENDERER_ALIASES, renderers)
-    parser = _installed(config.get("parser"), PARSER_ALIASES, parsers)
+    renderer = _installed(config.get("renderer"), renderers)
+    parser = _installed(config.get("parser"), parsers)
     if renderer is None or parser is None:
         files = model.manifest.files()
         template = chat_template(store, files)
@@ -77,10 +71,14 @@ def _plugin_names(store: Store, model: StoredModel, config: dict[str, Any], regi
     return renderer, parser
 
 
-def _installed(name: Any, aliases: dict[str, str], installed: dict[str, Any]) -> str | None:
+def _installed(name: Any, installed: dict[str, Any]) -> str | None:
+    """The installed renderer or parser that `name` (Ollama's name, in an Ollama model's config) is, or is an alias
+    of."""
     if not isinstance(name, str):
         return None
-    return next((n for n in (name, aliases.get(name)) if n in installed), None)
+    if name in installed:
+        return name
+    return next((known for known, item in installed.items() if name in item.aliases), None)
 
 
 def _detected(available: dict[str, Any], model_files: ModelFiles) -> str | None:

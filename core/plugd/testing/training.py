@@ -44,12 +44,12 @@ from attrs import asdict, define
 from mlx.utils import tree_unflatten
 
 from plugd import __version__, plugins
+from plugd.hookspecs import Architecture, LayerCache
 from plugd.nn.attention import traceable
 from plugd.runner.generate import CompletionRequest, DoneEvent, Engine
 from plugd.runner.loading import compute_dtype, load_model, read_weights
 from plugd.runner.sampling import SamplingParams
 from plugd.runner.tokenizer import Tokenizer
-from plugd.scheduler.memory import SLIDING, STATELESS, layer_kinds
 from plugd.scheduler.runner_client import runner_env
 from plugd.testing.checkpoints import write_checkpoint
 
@@ -214,9 +214,11 @@ def _train(
     config = json.loads((path / "config.json").read_text())
     if "quantization" in config:
         raise TrainingError(f"{path}: a quantized checkpoint cannot be trained")
-    model = load_model(path, _architecture(config["model_type"]))
+    architecture = _architecture(config["model_type"])
+    model = load_model(path, importlib.import_module(architecture.module))
     tok = Tokenizer.from_dir(path)
-    examples = [_example(tok, transcript, _end_of_turn(config), _reach(config)) for transcript in transcripts]
+    reach = _reach(architecture.cache_layers(config))
+    examples = [_example(tok, transcript, _end_of_turn(config), reach) for transcript in transcripts]
     batches = _batches(examples)
     stored = read_weights(path)
     weights = {name: tensor.astype(mx.float32) for name, tensor in stored.items()}
@@ -239,12 +241,12 @@ def _train(
     )
 
 
-def _architecture(model_type: str):
-    """The model module the runner would import for `model_type`, found through the plugins."""
+def _architecture(model_type: str) -> Architecture:
+    """The architecture the runner would run `model_type` with, found through the plugins."""
     architecture = plugins.load().architectures().get(model_type)
     if architecture is None:
         raise TrainingError(f"no installed plugin provides the architecture {model_type!r}")
-    return importlib.import_module(architecture.module)
+    return architecture
 
 
 def _end_of_turn(config: dict[str, Any]) -> int:
@@ -252,13 +254,14 @@ def _end_of_turn(config: dict[str, Any]) -> int:
     return eos if isinstance(eos, int) else eos[0]
 
 
-def _reach(config: dict[str, Any]) -> int | None:
-    """How many positions, the last included, one position's output depends on: through L sliding-window layers
-    of window W, L * (W - 1) + 1; None (all of them) when any layer attends to the whole context or keeps a state."""
-    kinds = [kind for kind in layer_kinds(config) if kind != STATELESS]
-    if not kinds or set(kinds) != {SLIDING}:
+def _reach(layers: list[LayerCache]) -> int | None:
+    """How many positions, the last included, one position's output depends on: through sliding-window layers
+    of windows W1 ... WL, the sum of (Wi - 1), plus 1; None (all of them) when any layer attends to the whole
+    context or keeps a state. Layers that cache nothing (sharing another's keys and values) add no reach."""
+    caching = [layer for layer in layers if layer != LayerCache()]
+    if not caching or any(layer.window is None or layer.state or layer.state_float32 for layer in caching):
         return None
-    return len(kinds) * (config["sliding_window"] - 1) + 1
+    return sum(layer.window - 1 for layer in caching) + 1
 
 
 def _example(tok: Tokenizer, transcript: Transcript, end_of_turn: int, reach: int | None) -> _Example:

@@ -7,9 +7,10 @@ the policy through its factory path.
 from plugd.hookspecs import CachePolicy, hookimpl
 from plugd_prefix_cache.budget import default_budget
 
-PLUGD_API = "1.0"
+PLUGD_API = "1.2"
 
 
 @hookimpl
 def plugd_cache_policies():
-    return [CachePolicy(name="prefix-cache", factory="plugd_prefix_cache.policy:prefix_cache", budget=default_budget)]
+    return [CachePolicy(name="prefix-cache", factory="plugd_prefix_cache.policy:prefix_cache", budget=default_budget,
+                        priority=10)]

@@ -27,7 +27,7 @@ import mlx.nn as nn
 
 from plugd.nn.cache import KVCache
 from plugd.nn.rotating import RotatingState
-from plugd.runner.cache_policy import LiveCache, common_prefix
+from plugd.runner_api import LiveCache, common_prefix
 from plugd_prefix_cache.budget import default_budget
 from plugd_prefix_cache.trie import EdgeKV, Node, descendants, media_boundary, snapshot_arrays, walk
 

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import attrs
 import mlx.core as mx
 
-from plugd.runner.cache_policy import common_prefix
+from plugd.runner_api import common_prefix
 
 
 class EdgeKV(NamedTuple):

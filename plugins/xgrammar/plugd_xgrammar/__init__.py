@@ -6,7 +6,7 @@ nothing heavy. Only a runner imports `plugd_xgrammar.engine` (and with it xgramm
 
 from plugd.hookspecs import GrammarEngine, hookimpl
 
-PLUGD_API = "1.0"
+PLUGD_API = "1.2"
 
 
 @hookimpl

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import xgrammar as xgr
 
-from plugd.runner.grammar import GrammarRefused, GrammarVocabulary
+from plugd.runner_api import GrammarRefused, GrammarVocabulary
 from plugd_xgrammar.coverage import unenforced_features
 from plugd_xgrammar.formats import with_exact_formats
 from plugd_xgrammar.native_log import native_message, with_native_warnings

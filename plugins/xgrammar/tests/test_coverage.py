@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from plugd.runner.grammar import GrammarRefused, GrammarVocabulary
+from plugd.runner_api import GrammarRefused, GrammarVocabulary
 from plugd_xgrammar.engine import XGrammarEngine
 
 STOP = 256

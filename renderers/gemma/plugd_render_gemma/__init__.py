@@ -13,7 +13,7 @@ from plugd.hookspecs import ModelFiles, Parser, Renderer, hookimpl
 from plugd_render_gemma import gemma3, gemma4_parser
 from plugd_render_gemma.gemma4 import Gemma4Template, is_gemma4_template
 
-PLUGD_API = "1.0"  # the plugd plugin API this plugin is built for
+PLUGD_API = "1.2"  # the plugd plugin API this plugin is built for
 
 GEMMA4_TEMPLATES = {
     "gemma4": Gemma4Template(empty_thought_channel=True),
@@ -23,9 +23,14 @@ GEMMA4_TEMPLATES = {
 }
 
 
+# Ollama's names for the same renderer (model/renderers/renderer.go in ollama/ollama).
+OLLAMA_NAMES = {"gemma4": ("gemma4-small",)}
+
+
 @hookimpl
 def plugd_renderers():
-    gemma4_renderers = [Renderer(name=name, render=t.render, detect=t.detect) for name, t in GEMMA4_TEMPLATES.items()]
+    gemma4_renderers = [Renderer(name=name, render=t.render, detect=t.detect, aliases=OLLAMA_NAMES.get(name, ()))
+                        for name, t in GEMMA4_TEMPLATES.items()]
     return [Renderer(name="gemma3", render=gemma3.render, detect=gemma3.detect), *gemma4_renderers]
 
 
@@ -35,4 +40,4 @@ def _detect_gemma4(model: ModelFiles) -> bool:
 
 @hookimpl
 def plugd_parsers():
-    return [Parser(name="gemma4", create=gemma4_parser.create, detect=_detect_gemma4)]
+    return [Parser(name="gemma4", create=gemma4_parser.create, detect=_detect_gemma4, aliases=("gemma4-no-thinking",))]

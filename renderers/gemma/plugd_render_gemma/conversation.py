@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import attrs
 
-from plugd.builtins.jinja_renderer import special_token_text
 from plugd.hookspecs import ModelFiles
+from plugd.rendering import special_token_text
 from plugd.types import Message
 
 KNOWN_ROLES = ("system", "developer", "user", "assistant", "tool")

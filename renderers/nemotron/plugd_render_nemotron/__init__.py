@@ -5,7 +5,7 @@ from plugd.hookspecs import Parser, Renderer, hookimpl
 from . import nano3, nano_v2
 from .parsers import nano3_parser, nano_v2_parser
 
-PLUGD_API = "1.0"  # the plugd plugin API this plugin is built for
+PLUGD_API = "1.2"  # the plugd plugin API this plugin is built for
 
 
 @hookimpl
@@ -20,5 +20,5 @@ def plugd_renderers():
 def plugd_parsers():
     return [
         Parser(name=nano_v2.NAME, create=nano_v2_parser, detect=nano_v2.detect),
-        Parser(name=nano3.NAME, create=nano3_parser, detect=nano3.detect),
+        Parser(name=nano3.NAME, create=nano3_parser, detect=nano3.detect, aliases=("nemotron-3.5-nano",)),
     ]

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from plugd.conversation import check_conversation
+from plugd.rendering import check_conversation
 from plugd.types import Message
 
 

@@ -10,7 +10,7 @@ from plugd.hookspecs import hookimpl
 from plugd_render_qwen.parsers import PARSERS
 from plugd_render_qwen.renderers import RENDERERS
 
-PLUGD_API = "1.0"  # the plugd plugin API this plugin is built for
+PLUGD_API = "1.2"  # the plugd plugin API this plugin is built for
 
 
 @hookimpl

@@ -7,8 +7,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from plugd.builtins.jinja_renderer import tool_dict
-from plugd.conversation import check_conversation
+from plugd.rendering import check_conversation, tool_dict
 from plugd.types import Message, Tool
 
 TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<tool_response>", "</tool_response>"

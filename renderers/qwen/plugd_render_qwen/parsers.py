@@ -19,9 +19,9 @@ def _factory(read_call: CallReader, thinking: bool):
 
 PARSERS = [
     Parser(name="qwen3", create=_factory(hermes.read_call, thinking=True), detect=detection.is_qwen3_family,
-           answer_after=answer_after, forced_call=hermes.forced_call),
+           answer_after=answer_after, forced_call=hermes.forced_call, aliases=("qwen3-thinking",)),
     # XML calls carry no JSON a grammar engine could enforce: these parsers cannot force a call.
     Parser(name="qwen3-coder", create=_factory(xml_calls.read_call, thinking=False), detect=detection.is_qwen3_coder),
     Parser(name="qwen3.5", create=_factory(xml_calls.read_call, thinking=True), detect=detection.is_qwen35_family,
-           answer_after=answer_after),
+           answer_after=answer_after, aliases=("ornith",)),
 ]

@@ -7,6 +7,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 
 from plugd.builtins import jinja_renderer
 from plugd.hookspecs import ModelFiles, RenderRequest
+from plugd.rendering import tool_dict
 from plugd.types import Media, Message, Tool, ToolCall
 from plugd_render_qwen.renderers import RENDERERS
 
@@ -123,7 +124,7 @@ def upstream(template: str, messages: list[Message], tools: list[Tool], think) -
             entry["content"] = [{"type": "image"} for _ in message.images] + [{"type": "text", "text": message.content}]
         conversation.append(entry)
     extra = {} if think is None else {"enable_thinking": bool(think)}
-    return render_jinja_template(conversations=[conversation], tools=[jinja_renderer.tool_dict(t) for t in tools] or None,
+    return render_jinja_template(conversations=[conversation], tools=[tool_dict(t) for t in tools] or None,
                                  chat_template=(TEMPLATES / template).read_text(), add_generation_prompt=True,
                                  **extra)[0][0]
 

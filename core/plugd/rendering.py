@@ -1,8 +1,14 @@
-"""Checks every renderer can rely on: well-formed tools, and tool results that answer an earlier call."""
+"""What renderer plugins build on: the checks every renderer can rely on (well-formed tools, tool results that
+answer an earlier call) and the values chat templates are given (tools as OpenAI-style dicts, special tokens).
+
+Renderer and parser plugins import from here, `plugd.parsing`, `plugd.hookspecs`, `plugd.types` and
+`plugd.testing`, and from nothing else of plugd's.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from plugd.types import Message, Tool, ToolCall
 
@@ -50,3 +56,18 @@ def _answers(result: Message, calls: list[ToolCall]) -> bool:
     if result.tool_name is not None:
         return any(call.name == result.tool_name for call in calls)
     return bool(calls)
+
+
+def tool_dict(tool: Tool) -> dict[str, Any]:
+    """A tool as chat templates take it: OpenAI's function-tool shape."""
+    return {
+        "type": "function",
+        "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters},
+    }
+
+
+def special_token_text(value: Any) -> str:
+    """A special token's text from tokenizer_config, which stores it as a string or as an AddedToken dict."""
+    if isinstance(value, dict):
+        return value.get("content", "")
+    return value or ""

@@ -1,0 +1,7 @@
+"""Figures the runner builds its caches with, which the daemon's memory estimate must count with too: both read
+them here (the daemon imports no MLX)."""
+
+CACHE_STEP = 256  # KV buffers grow this many positions at a time
+ROTATING_SLACK = 256  # a sliding-window buffer keeps this many positions past its window
+PREFILL_CHUNK = 512  # the most prompt positions one prefill step evaluates
+SNAPSHOT_LIMIT = 8  # the built-in cache policy's snapshots of the layers that cannot trim back
