@@ -31,7 +31,7 @@ import ollama
 from decode import FULL, QUICK
 
 from plugd.runner.grammar import GrammarRefused, GrammarVocabulary
-from plugd.runner.tokenizer import Tokenizer
+from plugd.tokenizer import Tokenizer
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "tests/reference/json_schemas"
 DECODE_TARGET = 0.95

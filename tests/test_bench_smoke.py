@@ -24,11 +24,13 @@ BENCH = Path(__file__).parents[1] / "bench"
         ("memory.py", [r"ratio load peak RSS plugd/weights", r"ratio load peak RSS plugd/mlx-lm",
                        r"ratio generation RSS max/min"]),
         ("constrained.py", [r"ratio decode \(client\) constrained/free", r"ratio TTFT new schema/free"]),
+        ("fitting.py --baseline HEAD", [r"ratio TTFT long chat old/new", r"ratio TTFT 200-message fit old/new"]),
     ],
 )
 def test_bench_quick(script, ratios):
     # A session of its own, so that a hung run is killed together with the servers and runners it started.
-    bench = subprocess.Popen([sys.executable, str(BENCH / script), "--quick"], stdout=subprocess.PIPE,
+    name, *options = script.split()
+    bench = subprocess.Popen([sys.executable, str(BENCH / name), *options, "--quick"], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         stdout, stderr = bench.communicate(timeout=120)

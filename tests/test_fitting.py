@@ -2,14 +2,18 @@
 messages with num_ctx 64 took 11.7 s holding the model's slot when every dropped turn meant a new render (and a
 tokenize). A renderer plugin that counts its calls wraps the built-in Jinja one, behind a live daemon."""
 
+import asyncio
 import json
 import math
 
+import anthropic
 import httpx
+import pytest
 
 from plugd.builtins.jinja_renderer import render
+from plugd.chat.fitting import droppable_turns, fitted
 from plugd.hookspecs import ModelFiles, RenderRequest
-from plugd.runner.tokenizer import Tokenizer
+from plugd.tokenizer import Tokenizer
 from plugd.types import Message
 
 COUNTING_RENDERER = '''
@@ -65,3 +69,48 @@ def test_a_long_conversation_fits_in_logarithmically_many_renders(plugd_temporar
     # What was sent keeps as many of the latest turns as fit, and no fewer.
     kept = next(n for n in range(len(turns)) if prompt_tokens(n + 1) > 160)
     assert kept >= 1 and reply["prompt_eval_count"] == prompt_tokens(kept) <= 160
+
+
+def test_counting_tokens_loads_no_model(plugd_server_factory, tiny_qwen3, tmp_path):
+    """The daemon tokenizes prompts itself: /v1/messages/count_tokens answers with no runner started, and its
+    count is what the model is then given."""
+    server = plugd_server_factory()
+    (tmp_path / "Modelfile").write_text(f"FROM {tiny_qwen3}\n")
+    assert server.cli("create", "m", "-f", str(tmp_path / "Modelfile")).returncode == 0
+    claude = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "What does the quick brown fox jump over?"}]
+    counted = claude.messages.count_tokens(model="m", system="Be brief.", messages=messages).input_tokens
+    assert server.runner_pids() == [] and httpx.get(f"{server.url}/api/ps").json() == {"models": []}
+    reply = claude.messages.create(model="m", system="Be brief.", messages=messages, max_tokens=1)
+    assert reply.usage.input_tokens == counted > 10
+
+
+@pytest.mark.parametrize("num_ctx", [40, 160, 1000, 5000, 100_000])
+def test_fitting_drops_the_fewest_turns_wherever_the_search_starts(tiny_qwen3, num_ctx):
+    """Against every candidate checked one by one: the long history (the guess from its newest turns' texts) and
+    the short one (checked whole first) both end on the fewest dropped turns that fit, or on dropping them all."""
+    template = json.loads((tiny_qwen3 / "tokenizer_config.json").read_text())["chat_template"]
+    model_files = ModelFiles(config={}, chat_template=template, tokenizer_config={})
+    tokenizer = Tokenizer.from_dir(tiny_qwen3)
+
+    async def rendered(messages):
+        return render(RenderRequest(model_files, messages, [], None))
+
+    async def no_media(prompt):
+        raise AssertionError("a text prompt is counted with the tokenizer")
+
+    for count in (3, 41, 400):
+        messages = [Message("system", "Be brief."),
+                    *[Message(["user", "assistant"][i % 2], f"turn {i}: " + "lazy dog " * (i % 7)) for i in range(count)],
+                    Message("user", "What is a fox?")]
+        turns = droppable_turns(messages)
+
+        def tokens_without(dropped, messages=messages, turns=turns):
+            gone = {i for turn in turns[:dropped] for i in turn}
+            kept = [m for i, m in enumerate(messages) if i not in gone]
+            return len(tokenizer.encode(render(RenderRequest(model_files, kept, [], None)).text))
+
+        fewest = next((k for k in range(len(turns) + 1) if tokens_without(k) <= num_ctx), len(turns))
+        result = asyncio.run(fitted(messages, num_ctx, rendered, no_media, tokenizer))
+        assert len(tokenizer.encode(result.prompt.text)) == tokens_without(fewest), (count, num_ctx)
+        assert result.fits == (tokens_without(fewest) <= num_ctx)

@@ -17,8 +17,8 @@ from plugd import plugins
 from plugd.runner.generate import CompletionRequest, Engine
 from plugd.runner.loading import load_model
 from plugd.runner.sampling import SamplingParams
-from plugd.runner.tokenizer import Tokenizer
 from plugd.testing.checkpoints import write_checkpoint
+from plugd.tokenizer import Tokenizer
 
 MODEL_TYPES = ["gemma3_text", "gemma4_text"]
 PROMPT = np.random.default_rng(12).integers(0, 480, 120).tolist()

@@ -17,8 +17,8 @@ from plugd import plugins
 from plugd.runner.generate import CompletionRequest, Engine
 from plugd.runner.loading import load_model
 from plugd.runner.sampling import SamplingParams
-from plugd.runner.tokenizer import Tokenizer
 from plugd.testing.checkpoints import write_checkpoint
+from plugd.tokenizer import Tokenizer
 
 MODEL_TYPES = ["nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_moe"]
 PROMPT = np.random.default_rng(11).integers(0, 480, 64).tolist()

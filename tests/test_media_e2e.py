@@ -24,10 +24,10 @@ from plugd.builtins import jinja_renderer
 from plugd.hookspecs import ModelFiles, RenderRequest
 from plugd.runner.loading import load_model
 from plugd.runner.media import encode, media_runs
-from plugd.runner.tokenizer import Tokenizer
 from plugd.testing.checkpoints import write_checkpoint
 from plugd.testing.plugins import write_distribution
 from plugd.testing.server import LiveServer
+from plugd.tokenizer import Tokenizer
 from plugd.types import Media, Message
 
 TEMPLATES = Path(__file__).resolve().parent / "reference/chat_templates"

@@ -18,8 +18,8 @@ from plugd.runner.generate import CompletionRequest, Engine, fit_prompt
 from plugd.runner.loading import load_model
 from plugd.runner.media import EncodedPrompt, encode, media_key, media_runs
 from plugd.runner.sampling import SamplingParams
-from plugd.runner.tokenizer import Tokenizer
 from plugd.testing.checkpoints import write_checkpoint
+from plugd.tokenizer import Tokenizer
 
 GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.0)
 TURN = "<bos><start_of_turn>user\n{}<end_of_turn>\n<start_of_turn>model\n"

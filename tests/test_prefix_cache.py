@@ -16,9 +16,9 @@ from plugd import plugins
 from plugd.runner.generate import CompletionRequest, Engine
 from plugd.runner.loading import load_model
 from plugd.runner.sampling import SamplingParams
-from plugd.runner.tokenizer import Tokenizer
 from plugd.runner_api import common_prefix
 from plugd.testing.checkpoints import write_checkpoint
+from plugd.tokenizer import Tokenizer
 from plugd_prefix_cache.policy import PrefixCachePolicy
 from plugd_prefix_cache.trie import descendants, walk
 

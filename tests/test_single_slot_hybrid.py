@@ -18,8 +18,8 @@ from plugd.runner.cache_policy import SNAPSHOTS_BEFORE_END, SingleSlotPolicy
 from plugd.runner.generate import CompletionRequest, Engine
 from plugd.runner.loading import load_model
 from plugd.runner.sampling import SamplingParams
-from plugd.runner.tokenizer import Tokenizer
 from plugd.testing.checkpoints import write_checkpoint
+from plugd.tokenizer import Tokenizer
 
 MODEL_TYPES = ["nemotron_h", "qwen3_5", "gemma3_text"]
 GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.0)

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     import mlx.nn as nn
     import numpy as np
 
-    from plugd.runner.tokenizer import Tokenizer
+    from plugd.tokenizer import Tokenizer
 
 
 class RunnerCachePolicy(Protocol):

@@ -10,8 +10,8 @@ import pytest
 from plugd.runner.generate import CompletionRequest, DoneEvent, Engine, TokenEvent
 from plugd.runner.loading import load_model
 from plugd.runner.sampling import SamplingParams
-from plugd.runner.tokenizer import Tokenizer
 from plugd.testing.checkpoints import write_checkpoint
+from plugd.tokenizer import Tokenizer
 from plugd_qwen import qwen3
 
 GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.0)

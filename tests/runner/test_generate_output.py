@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 
 from plugd.runner.generate import Engine
-from plugd.runner.tokenizer import Tokenizer
+from plugd.tokenizer import Tokenizer
 
 PROMPT = np.random.default_rng(5).integers(0, 480, 24).tolist()
 

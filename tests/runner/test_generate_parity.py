@@ -12,7 +12,7 @@ from mlx_lm.sample_utils import make_sampler
 from plugd.runner.generate import Engine
 from plugd.runner.loading import load_model
 from plugd.runner.sampling import SamplingParams
-from plugd.runner.tokenizer import Tokenizer
+from plugd.tokenizer import Tokenizer
 from plugd_qwen import qwen3, qwen3_moe
 
 MODULES = {"qwen3": qwen3, "qwen3_moe": qwen3_moe}

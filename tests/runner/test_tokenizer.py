@@ -8,8 +8,8 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
-from plugd.runner.tokenizer import BYTE_LEVEL_CHARS, Detokenizer, Tokenizer
 from plugd.testing.checkpoints import write_checkpoint
+from plugd.tokenizer import BYTE_LEVEL_CHARS, Detokenizer, Tokenizer
 
 TEXT = "Grüße 東京 🙂"
 

@@ -20,8 +20,8 @@ from plugd.nn.linear import QuantizedLinear
 from plugd.nn.rotating import RotatingKVCache
 from plugd.runner.loading import load_model
 from plugd.runner.quantize import quantize_checkpoint
-from plugd.runner.tokenizer import Tokenizer
 from plugd.testing.checkpoints import BASE_CONFIGS, write_checkpoint
+from plugd.tokenizer import Tokenizer
 from plugd_gemma import gemma3
 from plugd_gemma.siglip import BiasedLinear
 

@@ -15,6 +15,7 @@ import attrs
 from attrs import define
 
 from plugd.builtins.jinja_renderer import FALLBACK_RENDERER
+from plugd.chat.fitting import Fitted, fitted
 from plugd.chat.grammar import grammar_engine, structured
 from plugd.chat.media_prep import MediaPreparer, media_body
 from plugd.chat.models import ResolvedModel, resolve
@@ -30,6 +31,7 @@ from plugd.chat.request import (
     ToolChoice,
     UnparseableOutput,
 )
+from plugd.chat.tokens import encode, tokenizer_of
 from plugd.hookspecs import ClientRenderer, ClientRequest, ParsedPiece, Parser, RenderRequest, StreamParser
 from plugd.plugins import Registry
 from plugd.rendering import check_conversation
@@ -103,70 +105,26 @@ async def _render(render: RenderFunction, model: ResolvedModel, request: ChatReq
     return await anyio.to_thread.run_sync(rendered)
 
 
-def _tokenize_body(prompt: Prompt) -> dict[str, Any]:
-    return {"text": prompt.text} | ({"media": media_body(prompt.media)} if prompt.media else {})
-
-
-# Tokens a tokenizer may add that cover no byte of the text: a BOS, an EOS, a dummy-prefix space.
-ADDED_TOKENS_BOUND = 8
-
-
-def _surely_fits(prompt: Prompt, num_ctx: int) -> bool:
-    """True when a text-only prompt cannot exceed num_ctx tokens, with no need to tokenize it in the runner (a
-    round trip of 20-25 ms at 10k tokens): every other token covers at least one byte of the text."""
-    return not prompt.media and len(prompt.text.encode()) + ADDED_TOKENS_BOUND <= num_ctx
-
-
-def _droppable_turns(messages: list[Message]) -> list[range]:
-    """The turns truncation may drop, oldest first: each message but system ones and the last, an assistant turn
-    together with the tool results that answer it."""
-    turns, index, last = [], 0, len(messages) - 1
-    while index < last:
-        if messages[index].role in ("system", "developer", "tool"):
-            index += 1
-            continue
-        end = index + 1
-        while end < last and messages[end].role == "tool":
-            end += 1
-        turns.append(range(index, end))
-        index = end
-    return turns
 
 
 async def _fitted_prompt(render: RenderFunction, model: ResolvedModel, request: ChatRequest, runner: RunnerProcess,
-                         num_ctx: int, preparer: MediaPreparer) -> Prompt:
-    """The rendered conversation, dropping its oldest turns (never system ones, never the last) until it fits num_ctx.
-
-    An assistant turn goes together with the tool results that answer it (and a turn with its images). A request
-    that does not truncate keeps every turn: the runner refuses the prompt if it does not fit. The fewest turns to
-    drop are found by bisection, so a conversation of n turns costs about log2(n) renders, not n.
-    """
+                         num_ctx: int, preparer: MediaPreparer) -> Fitted:
+    """The rendered conversation, fitted into num_ctx by dropping its oldest turns (plugd.chat.fitting) where the
+    request truncates; a request that does not keeps every turn, and the runner refuses a prompt too long."""
     messages = _conversation(model, request)
 
-    async def without_oldest(count: int) -> Prompt:
-        dropped = {index for turn in turns[:count] for index in turn}
-        return await _render(render, model, request, [m for i, m in enumerate(messages) if i not in dropped], preparer)
+    async def rendered(kept: list[Message]) -> Prompt:
+        return await _render(render, model, request, kept, preparer)
 
-    async def fits(prompt: Prompt) -> bool:
-        return _surely_fits(prompt, num_ctx) or len(
-            (await runner.post("/tokenize", _tokenize_body(prompt)))["tokens"]) <= num_ctx
+    if not request.truncates:
+        return Fitted(await rendered(messages))
+    tokenizer = await anyio.to_thread.run_sync(tokenizer_of, model)
+    return await fitted(messages, num_ctx, rendered, lambda prompt: _runner_count(prompt, runner), tokenizer)
 
-    prompt = await _render(render, model, request, messages, preparer)
-    turns = _droppable_turns(messages)
-    if not request.truncates or not turns or await fits(prompt):
-        return prompt
-    low, high = 0, len(turns)  # dropping `low` turns does not fit; dropping `high` fits, or is all there is
-    best = await without_oldest(high)
-    if not await fits(best):
-        return best  # the runner truncates what is left, or refuses it
-    while high - low > 1:
-        middle = (low + high) // 2
-        candidate = await without_oldest(middle)
-        if await fits(candidate):
-            high, best = middle, candidate
-        else:
-            low = middle
-    return best
+
+async def _runner_count(prompt: Prompt, runner: RunnerProcess) -> int:
+    """The tokens of a prompt with images, counted by the runner, where each image expands to its run of tokens."""
+    return len((await runner.post("/tokenize", {"text": prompt.text, "media": media_body(prompt.media)}))["tokens"])
 
 
 def _parser(services: Services, model: ResolvedModel, request: ChatRequest) -> Parser | None:
@@ -278,15 +236,18 @@ async def render_only(services: Services, request: ChatRequest) -> Prompt:
 
 
 async def count_tokens(services: Services, request: ChatRequest) -> int:
-    """The tokens of the whole prompt `request` renders to, counted by the model's runner (loaded if need be).
+    """The tokens of the whole prompt `request` renders to: counted with the model's tokenizer, no model loaded;
+    a prompt with images by the model's runner (loaded if need be), which expands them.
 
     A forced tool call or an output format constrains decoding, not the
     prompt, so counting needs no grammar engine.
     """
     prepared = await _prepared(services, request)
     prompt = await _whole_prompt(services, prepared.model, request)  # images refused here, before a load
+    if not prompt.media:
+        return len(await encode(prepared.model, prompt.text))
     async with services.scheduler.acquire(prepared.model, prepared.options.num_ctx, prepared.keep_alive) as loaded:
-        return len((await loaded.runner.post("/tokenize", _tokenize_body(prompt)))["tokens"])
+        return await _runner_count(prompt, loaded.runner)
 
 
 async def run(services: Services, request: ChatRequest,
@@ -320,26 +281,28 @@ async def run(services: Services, request: ChatRequest,
             yield Final(done_reason="load", load_duration=load_duration,
                         total_duration=time.perf_counter_ns() - started)
             return
-        prompt, media = request.raw_prompt, []
+        prompt, media, tokens = request.raw_prompt, [], None
         if render is not None:
             fitted = await _fitted_prompt(render, model, request, loaded.runner, options.num_ctx, preparer)
-            prompt, media = fitted.text, fitted.media
+            prompt, media, tokens = fitted.prompt.text, fitted.prompt.media, fitted.tokens
             if log.isEnabledFor(logging.DEBUG):  # as Ollama's debug log does; one JSON string, on one line
                 log.debug("prompt for %s: %s", model.name, json.dumps(prompt))
         parser = parser_kind.create(_tools(request), prompt) if parser_kind else _ContentOnly()
         if not request.parallel_tool_calls:
             parser = _FirstCallOnly(parser)
-        body = completion_body(options, request.logprobs, request.top_logprobs) | {
-            "prompt": prompt, "truncate": request.truncates}
-        if media:
-            body["media"] = media_body(media)
+        body = completion_body(options, request.logprobs, request.top_logprobs) | {"truncate": request.truncates}
         forced = None
         if engine is not None:
             plan = structured(engine, request, parser_kind, prompt)
             body["grammar"], forced = plan.grammar, plan.forced_call
         if forced is not None:  # the call is opened in the prompt; the parser reads it as the model's own
-            body["prompt"] += forced.prefix
             _parsed(lambda: parser.feed(forced.prefix))
+            tokens = None  # encoded with the call's opening
+        text = prompt + (forced.prefix if forced is not None else "")
+        if model.require_architecture().media_types:  # the runner expands (and checks) each image's placeholder
+            body |= {"prompt": text, "media": media_body(media)}
+        else:
+            body["tokens"] = tokens if tokens is not None else await encode(model, text)
         async with aclosing(_runner_events(loaded.runner, body, options.num_ctx)) as events:
             async for event in events:
                 if "prefill" in event:

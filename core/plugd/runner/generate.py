@@ -31,8 +31,8 @@ from plugd.runner.grammar import TokenMask
 from plugd.runner.media import inside_run, media_runs
 from plugd.runner.sampling import NEGATIVE_INFINITY, Sampler, SamplingParams
 from plugd.runner.stops import StopMatcher
-from plugd.runner.tokenizer import Detokenizer, Tokenizer
 from plugd.runner_api import GrammarRefused, RunnerCachePolicy
+from plugd.tokenizer import Detokenizer, Tokenizer
 
 # MLX keeps freed buffers for reuse; generation hands them back every this many tokens.
 RELEASE_BUFFERS_EVERY = 256

@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 from PIL import Image
 
-from plugd.runner.tokenizer import Tokenizer
+from plugd.tokenizer import Tokenizer
 
 
 @attrs.define

@@ -44,8 +44,8 @@ from plugd.runner.generate import CompletionRequest, DoneEvent, Engine, PrefillE
 from plugd.runner.grammar import Grammars, GrammarSpec, TokenMaskFactory
 from plugd.runner.loading import compute_dtype, load_model
 from plugd.runner.media import EncodedPrompt, encode
-from plugd.runner.tokenizer import Tokenizer
 from plugd.runner_api import GrammarRefused, GrammarVocabulary
+from plugd.tokenizer import Tokenizer
 from plugd.types import structure
 
 log = logging.getLogger("plugd.runner")

@@ -49,9 +49,9 @@ from plugd.nn.attention import traceable
 from plugd.runner.generate import CompletionRequest, DoneEvent, Engine
 from plugd.runner.loading import compute_dtype, load_model, read_weights
 from plugd.runner.sampling import SamplingParams
-from plugd.runner.tokenizer import Tokenizer
 from plugd.scheduler.runner_client import runner_env
 from plugd.testing.checkpoints import write_checkpoint
+from plugd.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

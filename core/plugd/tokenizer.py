@@ -34,12 +34,18 @@ class Tokenizer:
     @classmethod
     def from_dir(cls, model_dir: Path) -> Tokenizer:
         """The tokenizer of a checkpoint in the Hugging Face layout."""
-        model_dir = Path(model_dir)
-        tokenizer = HFTokenizer.from_file(str(model_dir / "tokenizer.json"))
-        config = _read_json(model_dir / "tokenizer_config.json")
+        names = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json")
+        return cls.from_files({name: Path(model_dir) / name for name in names})
+
+    @classmethod
+    def from_files(cls, files: Mapping[str, Path]) -> Tokenizer:
+        """The tokenizer of a checkpoint whose files (by their names in the Hugging Face layout) lie at these paths,
+        as a model's blobs do in the store."""
+        tokenizer = HFTokenizer.from_file(str(files["tokenizer.json"]))
+        config = _read_json(files.get("tokenizer_config.json"))
         eos_ids = {
-            *_ids(_read_json(model_dir / "generation_config.json").get("eos_token_id")),
-            *_ids(_read_json(model_dir / "config.json").get("eos_token_id")),
+            *_ids(_read_json(files.get("generation_config.json")).get("eos_token_id")),
+            *_ids(_read_json(files.get("config.json")).get("eos_token_id")),
         }
         if (eos := _token_id(tokenizer, config.get("eos_token"))) is not None:
             eos_ids.add(eos)
@@ -156,8 +162,8 @@ def _byte_level_alphabet() -> dict[str, int]:
 BYTE_LEVEL_CHARS = _byte_level_alphabet()
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
+def _read_json(path: Path | None) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path is not None and path.is_file() else {}
 
 
 def _ids(value: int | list[int] | None) -> list[int]:
