@@ -14,9 +14,9 @@ import pytest
 from mlx_lm.sample_utils import make_sampler
 
 from plugd import plugins
-from plugd.runner.generate import CompletionRequest, Engine
+from plugd.protocol import CompletionRequest, SamplingParams
+from plugd.runner.generate import Engine
 from plugd.runner.loading import load_model
-from plugd.runner.sampling import SamplingParams
 from plugd.testing.checkpoints import write_checkpoint
 from plugd.tokenizer import Tokenizer
 

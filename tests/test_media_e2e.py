@@ -22,6 +22,7 @@ from PIL import Image
 from plugd import plugins
 from plugd.builtins import jinja_renderer
 from plugd.hookspecs import ModelFiles, RenderRequest
+from plugd.protocol import MediaItem
 from plugd.runner.loading import load_model
 from plugd.runner.media import encode, media_runs
 from plugd.testing.checkpoints import write_checkpoint
@@ -119,7 +120,7 @@ def expected_tokens(checkpoints):
     tokenizer = Tokenizer.from_dir(path)
 
     def count(text: str, images: list[bytes]) -> tuple[int, list[tuple[int, int]]]:
-        prompt = encode(model, tokenizer, text, [{"data": b64(i), "mime_type": ""} for i in images])
+        prompt = encode(model, tokenizer, text, [MediaItem(data=b64(i), mime_type="") for i in images])
         return len(prompt.tokens), media_runs(prompt.keys)
 
     return count

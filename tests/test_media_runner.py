@@ -13,11 +13,11 @@ import pytest
 from PIL import Image
 
 from plugd import plugins
+from plugd.protocol import CompletionRequest, MediaItem, SamplingParams
 from plugd.runner.cache_policy import make_policy, single_slot
-from plugd.runner.generate import CompletionRequest, Engine, fit_prompt
+from plugd.runner.generate import Engine, fit_prompt
 from plugd.runner.loading import load_model
 from plugd.runner.media import EncodedPrompt, encode, media_key, media_runs
-from plugd.runner.sampling import SamplingParams
 from plugd.testing.checkpoints import write_checkpoint
 from plugd.tokenizer import Tokenizer
 
@@ -29,7 +29,7 @@ IMAGE = "<start_of_image>"
 def image_item(color: str, size: tuple[int, int] = (40, 30), kind: str = "PNG") -> dict[str, str]:
     out = io.BytesIO()
     Image.new("RGB", size, color).save(out, kind)
-    return {"data": base64.b64encode(out.getvalue()).decode(), "mime_type": f"image/{kind.lower()}"}
+    return MediaItem(data=base64.b64encode(out.getvalue()).decode(), mime_type=f"image/{kind.lower()}")
 
 
 RED, BLUE = image_item("red"), image_item("blue")
@@ -55,7 +55,7 @@ def test_each_placeholder_becomes_one_run_of_image_tokens_keyed_by_its_bytes(gem
     runs = media_runs(prompt.keys)
     assert [prompt.tokens[s:e] for s, e in runs] == [[model.media_token_id] * (e - s) for s, e in runs]
     assert [e - s for s, e in runs] == [model.media_expansion.count("<image_soft_token>")] * 3
-    red, blue = (media_key(base64.b64decode(item["data"])) for item in (RED, BLUE))
+    red, blue = (media_key(base64.b64decode(item.data)) for item in (RED, BLUE))
     assert [prompt.keys[s] for s, _ in runs] == [red, blue, red] and red < 0 and blue < 0 and red != blue
     assert sorted(prompt.images) == sorted({red, blue})
     text_positions = [i for i, k in enumerate(prompt.keys) if k >= 0]
@@ -70,7 +70,7 @@ def test_each_placeholder_becomes_one_run_of_image_tokens_keyed_by_its_bytes(gem
     (TURN.format(IMAGE + IMAGE), [RED], "2 image placeholders"),
     (TURN.format("no image"), [RED], "0 image placeholders"),
     (TURN.format(IMAGE + "<image_soft_token>"), [RED], "image tokens written as text"),
-    (TURN.format(IMAGE), [{"data": base64.b64encode(b"not an image").decode(), "mime_type": "image/png"}],
+    (TURN.format(IMAGE), [MediaItem(data=base64.b64encode(b"not an image").decode(), mime_type="image/png")],
      "cannot be decoded"),
 ])
 def test_images_that_do_not_fit_the_prompt_are_refused(gemma3, text, media, error):

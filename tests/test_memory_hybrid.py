@@ -91,7 +91,7 @@ def measured(request, tmp_path_factory) -> tuple[dict, dict, int, int]:
         loaded = runner.active_memory()
         prompt = np.random.default_rng(3).integers(3, 500, PROMPT_TOKENS).tolist()
         done = runner.fill_context(prompt)
-        assert done["done"] and done["prompt_tokens"] == PROMPT_TOKENS
+        assert done["type"] == "done" and done["prompt_tokens"] == PROMPT_TOKENS
         full = runner.active_memory()
     finally:
         runner.close()

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from plugd import plugins
-from plugd.runner.generate import CompletionRequest, Engine
+from plugd.protocol import CompletionRequest, SamplingParams
+from plugd.runner.generate import Engine
 from plugd.runner.loading import load_model
-from plugd.runner.sampling import SamplingParams
 from plugd.runner_api import common_prefix
 from plugd.testing.checkpoints import write_checkpoint
 from plugd.tokenizer import Tokenizer

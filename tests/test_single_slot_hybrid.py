@@ -14,10 +14,10 @@ import pytest
 from plugd import plugins
 from plugd.nn.cache import KVCache
 from plugd.nn.rotating import RotatingKVCache
+from plugd.protocol import CompletionRequest, SamplingParams
 from plugd.runner.cache_policy import SNAPSHOTS_BEFORE_END, SingleSlotPolicy
-from plugd.runner.generate import CompletionRequest, Engine
+from plugd.runner.generate import Engine
 from plugd.runner.loading import load_model
-from plugd.runner.sampling import SamplingParams
 from plugd.testing.checkpoints import write_checkpoint
 from plugd.tokenizer import Tokenizer
 

@@ -15,6 +15,7 @@ import math
 from collections import Counter
 from pathlib import Path
 
+import attrs
 import httpx
 import jsonschema
 import numpy as np
@@ -22,11 +23,12 @@ import ollama
 import pytest
 
 from plugd import plugins
-from plugd.protocol import RunnerConfig
-from plugd.runner.grammar import GrammarSpec, TokenMask
+from plugd.protocol import Completion, DoneEvent, GrammarSpec, PrefillEvent, RunnerConfig, SamplingParams
+from plugd.runner.grammar import TokenMask
 from plugd.scheduler.runner_client import RunnerProcess
 from plugd.testing.server import LiveServer
 from plugd.testing.structured import json_leaning_checkpoint
+from plugd.types import structure, unstructure
 
 SCHEMAS = sorted((Path(__file__).resolve().parent / "reference/json_schemas").glob("*.json"))
 MODEL = "json-leaning"
@@ -162,18 +164,18 @@ def test_official_client_format_json_and_schema(server):
 
 
 def test_the_runner_refuses_before_any_output_and_stays_usable(checkpoint):
-    grammar = {"engine": "xgrammar", "factory": "plugd_xgrammar.engine:XGrammarEngine", "kind": "json_schema"}
-    body = {"prompt": "Answer in JSON.", "sampling": {"temperature": 0.0}, "num_predict": 64, "num_ctx": 512,
-            "num_keep": 0, "stop": []}
+    factory = "plugd_xgrammar.engine:XGrammarEngine"
+    body = Completion(prompt="Answer in JSON.", sampling=SamplingParams(temperature=0.0), num_predict=64, num_ctx=512)
 
     async def exchange() -> tuple[httpx.Response, list[dict]]:
         config = RunnerConfig("plugd_qwen.qwen3", "plugd.runner.cache_policy:single_slot")
         runner = RunnerProcess({p.name: p for p in checkpoint.iterdir() if p.is_file()}, config)
         try:
             await runner.start()
-            refused = await runner.http.post("/completion", json=body | {
-                "grammar": grammar | {"format": {"type": "array", "uniqueItems": True}}})
-            events = [event async for event in runner.completion(body | {"grammar": grammar | {"format": TODO}})]
+            unenforceable = GrammarSpec(factory, "json_schema", {"type": "array", "uniqueItems": True})
+            refused = await runner.http.post("/completion", json=unstructure(attrs.evolve(body, grammar=unenforceable)))
+            todo = attrs.evolve(body, grammar=GrammarSpec(factory, "json_schema", TODO))
+            events = [event async for event in runner.completion(todo)]
             return refused, events
         finally:
             await runner.close()
@@ -182,8 +184,8 @@ def test_the_runner_refuses_before_any_output_and_stays_usable(checkpoint):
     assert refused.status_code == 400
     assert refused.json() == {"error": "xgrammar cannot enforce this JSON schema: 'uniqueItems' at /",
                               "kind": "grammar_refused"}
-    assert events[-1]["done_reason"] == "stop"
-    assert validate(TODO, "".join(e["text"] for e in events if "prefill" not in e)) is None
+    assert isinstance(events[-1], DoneEvent) and events[-1].done_reason == "stop"
+    assert validate(TODO, "".join(e.text for e in events if not isinstance(e, PrefillEvent))) is None
 
 
 def test_without_an_engine_plain_inference_works_and_format_is_refused(checkpoint, tmp_path):
@@ -236,10 +238,11 @@ def test_a_grammar_with_after_waits_for_the_marker_and_never_lets_the_output_end
 
 
 def test_grammar_specs_are_checked():
-    spec = GrammarSpec.parse({"engine": "xgrammar", "factory": "plugd_xgrammar.engine:XGrammarEngine",
-                              "kind": "json_schema", "format": TODO, "after": "</think>"})
+    spec = structure({"factory": "plugd_xgrammar.engine:XGrammarEngine", "kind": "json_schema", "format": TODO,
+                      "after": "</think>"}, GrammarSpec)
+    spec.check()
     assert spec.after == "</think>" and spec.format == TODO
-    for bad in ({"factory": "nocolon", "kind": "json"}, {"factory": "a:b", "kind": "yaml"},
-                {"factory": "a:b", "kind": "json", "after": ""}):
+    for bad in (GrammarSpec("nocolon", "json", None), GrammarSpec("a:b", "yaml", None),
+                GrammarSpec("a:b", "json", None, after="")):
         with pytest.raises(ValueError):
-            GrammarSpec.parse(bad)
+            bad.check()

@@ -1,12 +1,21 @@
-"""The typed boundary between the daemon and its runners: MLX-free, read by both sides through one converter."""
+"""The typed boundary between the daemon and its runners: MLX-free, read by both sides through one converter.
+
+A runner is started with a RunnerConfig. Each /completion body is a Completion; the answer is NDJSON, one event a
+line (`event_line`, `read_event`): PrefillEvents as the prefill starts and after each chunk, a TokenEvent per
+generated token, one DoneEvent; an ErrorEvent if generation fails once the answer has begun.
+"""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
-from attrs import define
+from attrs import Factory, define, frozen
 
+from plugd.runner_api import GrammarRefused
 from plugd.types import converter
+
+GRAMMAR_KINDS = ("json", "json_schema")
 
 
 @define(frozen=True)
@@ -24,3 +33,151 @@ class RunnerConfig:
     @classmethod
     def from_json(cls, text: str) -> RunnerConfig:
         return converter.structure(json.loads(text), cls)
+
+
+@frozen
+class SamplingParams:
+    """Sampling settings with Ollama's defaults. A seed of None (or negative) draws a fresh one."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.9
+    min_p: float = 0.0
+    repeat_penalty: float = 1.1
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+    @property
+    def penalizes(self) -> bool:
+        return self.repeat_last_n != 0 and (
+            self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        )
+
+    def penalty_window(self, num_ctx: int) -> int:
+        """How many recent tokens the penalties look at; repeat_last_n -1 means the whole context."""
+        return num_ctx if self.repeat_last_n < 0 else self.repeat_last_n
+
+
+@frozen
+class GrammarSpec:
+    """A completion body's "grammar": which engine, what to enforce, and from which text on."""
+
+    factory: str  # "module:callable"
+    kind: str
+    format: Any
+    after: str | None = None  # enforce only once the output contains this text (the end of a thinking block)
+
+    def check(self) -> None:
+        """GrammarRefused when the spec cannot be followed: the runner refuses it before any output."""
+        if ":" not in self.factory:
+            raise GrammarRefused(f"grammar factory must be 'module:callable', not {self.factory!r}")
+        if self.kind not in GRAMMAR_KINDS:
+            raise GrammarRefused(f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, not {self.kind!r}")
+        if self.after is not None and not self.after:
+            raise GrammarRefused("grammar 'after' must be a non-empty string")
+
+
+@define(kw_only=True)
+class MediaItem:
+    """An image of a vision model's prompt, as the runner takes it."""
+
+    data: str  # base64
+    mime_type: str
+
+
+@define(kw_only=True)
+class Completion:
+    """A /completion body: the prompt as token ids (a text model) or as text with its images (a vision model,
+    whose runner expands each image's placeholder), and how to generate."""
+
+    tokens: list[int] = Factory(list)
+    prompt: str | None = None
+    media: list[MediaItem] = Factory(list)
+    sampling: SamplingParams = Factory(SamplingParams)
+    num_predict: int = -1  # any negative: until the context is full
+    num_ctx: int = 2048  # prompt and generated tokens together
+    num_keep: int = 0  # prompt tokens kept from the start when the prompt must be truncated
+    stop: list[str] = Factory(list)
+    logprobs: bool = False
+    top_logprobs: int = 0
+    grammar: GrammarSpec | None = None
+    truncate: bool = True  # False: a prompt over the context is refused (kind "context_exceeded"), not cut
+
+
+@define
+class CompletionRequest:
+    tokens: list[int]
+    sampling: SamplingParams
+    num_predict: int  # -1 (any negative): until the context is full
+    num_ctx: int  # prompt and generated tokens together
+    num_keep: int  # prompt tokens kept from the start when the prompt must be truncated
+    stop: list[str]
+    logprobs: bool = False
+    top_logprobs: int = 0
+    # Cache keys of the tokens where they differ from them: each position of an image run holds its image's key
+    # (plugd.runner.media); empty for a prompt without images.
+    keys: list[int] = Factory(list)
+
+
+@define
+class TokenEvent:
+    """One generated token and the text it completed (empty while text is held back)."""
+
+    text: str
+    token: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] = Factory(list)
+
+
+@define
+class PrefillEvent:
+    """How far the prefill is: reported as it starts (evaluated 0) and after each chunk, before any token comes."""
+
+    prompt_tokens: int  # after truncation
+    cached_tokens: int  # restored from the cache: the prefill does not evaluate them
+    evaluated: int  # prompt tokens evaluated so far
+
+
+@define
+class DoneEvent:
+    done_reason: str  # "stop" (end-of-sequence or stop string), "length" (num_predict or context full), "cancel"
+    prompt_tokens: int  # after truncation
+    prompt_eval_count: int  # prompt tokens evaluated, the reused prefix not included
+    prompt_eval_duration_ns: int
+    eval_count: int  # generated tokens, an end-of-sequence token included
+    eval_duration_ns: int
+    text: str = ""  # text still held when generation ended
+    stop_sequence: str | None = None  # the stop string that ended it, if one did
+    context_full: bool = False  # "length" because prompt and output filled num_ctx, not because num_predict ran out
+
+
+@define
+class ErrorEvent:
+    """Generation failed after the answer had begun."""
+
+    error: str
+
+
+RunnerEvent = PrefillEvent | TokenEvent | DoneEvent | ErrorEvent
+_EVENT_TYPES: dict[str, type] = {"prefill": PrefillEvent, "token": TokenEvent, "done": DoneEvent, "error": ErrorEvent}
+_TYPE_NAMES = {kind: name for name, kind in _EVENT_TYPES.items()}
+
+
+def event_line(event: RunnerEvent) -> bytes:
+    """One NDJSON line: the event's fields and its `type`."""
+    return json.dumps({"type": _TYPE_NAMES[type(event)], **converter.unstructure(event)}).encode() + b"\n"
+
+
+def read_event(line: str | bytes) -> RunnerEvent:
+    """The event an `event_line` wrote; ValueError for anything else."""
+    data: dict[str, Any] = json.loads(line)
+    kind = _EVENT_TYPES.get(data.pop("type", None)) if isinstance(data, dict) else None
+    if kind is None:
+        raise ValueError(f"not a runner event: {line[:200]!r}")
+    return converter.structure(data, kind)

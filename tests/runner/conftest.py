@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from plugd.runner.generate import CompletionRequest, DoneEvent, Engine, TokenEvent
+from plugd.protocol import CompletionRequest, DoneEvent, SamplingParams, TokenEvent
+from plugd.runner.generate import Engine
 from plugd.runner.loading import load_model
-from plugd.runner.sampling import SamplingParams
 from plugd.testing.checkpoints import write_checkpoint
 from plugd.tokenizer import Tokenizer
 from plugd_qwen import qwen3

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from mlx_lm.sample_utils import make_sampler
 
+from plugd.protocol import SamplingParams
 from plugd.runner.generate import Engine
 from plugd.runner.loading import load_model
-from plugd.runner.sampling import SamplingParams
 from plugd.tokenizer import Tokenizer
 from plugd_qwen import qwen3, qwen3_moe
 

@@ -8,7 +8,8 @@ import attrs
 import mlx.core as mx
 import pytest
 
-from plugd.runner.sampling import Sampler, SamplingParams, apply_penalties, filter_logits
+from plugd.protocol import SamplingParams
+from plugd.runner.sampling import Sampler, apply_penalties, filter_logits
 
 NEUTRAL = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
 

@@ -6,20 +6,19 @@ or refused: never served as free text.
 
 from __future__ import annotations
 
-from typing import Any
-
 from attrs import define
 
 from plugd.chat.request import ChatRequest, InvalidRequest
 from plugd.hookspecs import ForcedCall, GrammarEngine, Parser
 from plugd.plugins import Registry
+from plugd.protocol import GrammarSpec
 
 
 @define(frozen=True)
 class Structured:
     """What the runner enforces for one request, and for a forced call how its prompt and output are framed."""
 
-    grammar: dict[str, Any]
+    grammar: GrammarSpec
     forced_call: ForcedCall | None = None
 
 
@@ -57,7 +56,6 @@ def _kind(request: ChatRequest) -> str:
 
 def structured(engine: GrammarEngine, request: ChatRequest, parser: Parser | None, prompt: str) -> Structured:
     """The grammar for `request`, whose rendered prompt is `prompt`, read back by the model's `parser`."""
-    base = {"engine": engine.name, "factory": engine.factory}
     if request.tool_choice.mode in ("required", "named"):
         if parser is None or parser.forced_call is None:
             which = f"its parser {parser.name!r}" if parser else "it has no output parser"
@@ -65,6 +63,6 @@ def structured(engine: GrammarEngine, request: ChatRequest, parser: Parser | Non
                                  f"{which} cannot force a tool call")
         tools = [t for t in request.tools if request.tool_choice.name in (None, t.name)]
         forced = parser.forced_call(tools)
-        return Structured(base | {"kind": "json_schema", "format": dict(forced.schema)}, forced)
+        return Structured(GrammarSpec(engine.factory, "json_schema", dict(forced.schema)), forced)
     after = parser.answer_after(prompt) if parser is not None and parser.answer_after is not None else None
-    return Structured(base | {"kind": _kind(request), "format": request.format, "after": after})
+    return Structured(GrammarSpec(engine.factory, _kind(request), request.format, after))

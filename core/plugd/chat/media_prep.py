@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import base64
-from typing import Any
 
 from plugd.chat.request import InvalidRequest
 from plugd.hookspecs import Architecture, MediaTranscoder
 from plugd.media import checked_format
 from plugd.plugins import Registry
+from plugd.protocol import MediaItem
 from plugd.types import Media
 
 
@@ -55,6 +55,6 @@ class MediaPreparer:
                              f"not {item.mime_type}, and no installed media transcoder converts it{hint}")
 
 
-def media_body(media: list[Media]) -> list[dict[str, Any]]:
+def media_items(media: list[Media]) -> list[MediaItem]:
     """Images as the runner protocol carries them."""
-    return [{"data": base64.b64encode(item.data).decode("ascii"), "mime_type": item.mime_type} for item in media]
+    return [MediaItem(data=base64.b64encode(item.data).decode("ascii"), mime_type=item.mime_type) for item in media]

@@ -7,6 +7,7 @@ from typing import Any
 
 import attrs
 
+from plugd.protocol import Completion, SamplingParams
 from plugd.types import Options, structure
 
 # Ollama's defaults, except num_ctx: PLUGD_CONTEXT_LENGTH when set, else None, which the scheduler sizes per model at
@@ -64,17 +65,9 @@ def resolve_options(generation_config: dict[str, Any], parameters: dict[str, Any
     return options
 
 
-def completion_body(options: Options, logprobs: bool, top_logprobs: int) -> dict[str, Any]:
-    """The runner's /completion fields for these options (the prompt is added by the caller)."""
-    sampling = {name: getattr(options, name) for name in (
-        "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
-        "frequency_penalty", "seed")}
-    return {
-        "sampling": sampling,
-        "num_predict": options.num_predict,
-        "num_ctx": options.num_ctx,
-        "num_keep": options.num_keep,
-        "stop": options.stop or [],
-        "logprobs": logprobs,
-        "top_logprobs": top_logprobs,
-    }
+def completion(options: Options, logprobs: bool, top_logprobs: int, truncate: bool) -> Completion:
+    """The runner's /completion for these options; the caller adds the prompt and any grammar."""
+    sampling = SamplingParams(**{field.name: getattr(options, field.name) for field in attrs.fields(SamplingParams)})
+    return Completion(sampling=sampling, num_predict=options.num_predict, num_ctx=options.num_ctx,
+                      num_keep=options.num_keep, stop=options.stop or [], logprobs=logprobs,
+                      top_logprobs=top_logprobs, truncate=truncate)

@@ -17,9 +17,9 @@ from attrs import define
 from plugd.builtins.jinja_renderer import FALLBACK_RENDERER
 from plugd.chat.fitting import Fitted, fitted
 from plugd.chat.grammar import grammar_engine, structured
-from plugd.chat.media_prep import MediaPreparer, media_body
+from plugd.chat.media_prep import MediaPreparer, media_items
 from plugd.chat.models import ResolvedModel, resolve
-from plugd.chat.options import completion_body, resolve_options
+from plugd.chat.options import completion, resolve_options
 from plugd.chat.request import (
     ChatRequest,
     ContextExceeded,
@@ -34,6 +34,7 @@ from plugd.chat.request import (
 from plugd.chat.tokens import encode, tokenizer_of
 from plugd.hookspecs import ClientRenderer, ClientRequest, ParsedPiece, Parser, RenderRequest, StreamParser
 from plugd.plugins import Registry
+from plugd.protocol import Completion, DoneEvent, PrefillEvent, TokenEvent
 from plugd.rendering import check_conversation
 from plugd.scheduler.durations import parse_keep_alive
 from plugd.scheduler.runner_client import RunnerProcess, RunnerRejected
@@ -41,7 +42,7 @@ from plugd.scheduler.scheduler import Scheduler
 from plugd.settings import client_renderer_names
 from plugd.store.names import ModelName
 from plugd.store.store import Store
-from plugd.types import Message, Options, Prompt, Tool
+from plugd.types import Message, Options, Prompt, Tool, unstructure
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,8 @@ async def _fitted_prompt(render: RenderFunction, model: ResolvedModel, request: 
 
 async def _runner_count(prompt: Prompt, runner: RunnerProcess) -> int:
     """The tokens of a prompt with images, counted by the runner, where each image expands to its run of tokens."""
-    return len((await runner.post("/tokenize", {"text": prompt.text, "media": media_body(prompt.media)}))["tokens"])
+    media = [unstructure(item) for item in media_items(prompt.media)]
+    return len((await runner.post("/tokenize", {"text": prompt.text, "media": media}))["tokens"])
 
 
 def _parser(services: Services, model: ResolvedModel, request: ChatRequest) -> Parser | None:
@@ -290,29 +292,30 @@ async def run(services: Services, request: ChatRequest,
         parser = parser_kind.create(_tools(request), prompt) if parser_kind else _ContentOnly()
         if not request.parallel_tool_calls:
             parser = _FirstCallOnly(parser)
-        body = completion_body(options, request.logprobs, request.top_logprobs) | {"truncate": request.truncates}
+        body = completion(options, request.logprobs, request.top_logprobs, request.truncates)
         forced = None
         if engine is not None:
             plan = structured(engine, request, parser_kind, prompt)
-            body["grammar"], forced = plan.grammar, plan.forced_call
+            body.grammar, forced = plan.grammar, plan.forced_call
         if forced is not None:  # the call is opened in the prompt; the parser reads it as the model's own
             _parsed(lambda: parser.feed(forced.prefix))
             tokens = None  # encoded with the call's opening
         text = prompt + (forced.prefix if forced is not None else "")
         if model.require_architecture().media_types:  # the runner expands (and checks) each image's placeholder
-            body |= {"prompt": text, "media": media_body(media)}
+            body.prompt, body.media = text, media_items(media)
         else:
-            body["tokens"] = tokens if tokens is not None else await encode(model, text)
+            body.tokens = tokens if tokens is not None else await encode(model, text)
+        token_text = tokenizer_of(model).token_text
         async with aclosing(_runner_events(loaded.runner, body, options.num_ctx)) as events:
             async for event in events:
-                if "prefill" in event:
+                if isinstance(event, PrefillEvent):
                     if progress:
-                        yield Prefill(**event["prefill"])
+                        yield Prefill(event.prompt_tokens, event.cached_tokens, event.evaluated)
                     continue
-                logprobs = [_logprob(event)] if request.logprobs and "token" in event else []
-                text = event.get("text", "")
-                if event["done"]:
-                    closing = forced.suffix if forced is not None and event["done_reason"] == "stop" else None
+                logprobs = [_logprob(event, token_text)] if request.logprobs and isinstance(event, TokenEvent) else []
+                text = event.text
+                if isinstance(event, DoneEvent):
+                    closing = forced.suffix if forced is not None and event.done_reason == "stop" else None
                     if forced is not None and closing is None:
                         pieces = []  # the forced call was cut short (num_predict): no call, done_reason says why
                     else:
@@ -326,7 +329,8 @@ async def run(services: Services, request: ChatRequest,
                     yield _delta(pieces, logprobs)
 
 
-async def _runner_events(runner: RunnerProcess, body: dict[str, Any], num_ctx: int) -> AsyncIterator[dict[str, Any]]:
+async def _runner_events(runner: RunnerProcess, body: Completion,
+                         num_ctx: int) -> AsyncIterator[PrefillEvent | TokenEvent | DoneEvent]:
     """The runner's completion events; a prompt it refuses as longer than the context raises ContextExceeded."""
     try:
         async with aclosing(runner.completion(body)) as events:
@@ -338,20 +342,11 @@ async def _runner_events(runner: RunnerProcess, body: dict[str, Any], num_ctx: i
         raise ContextExceeded(exc.details["prompt_tokens"], exc.details["limit"], num_ctx) from None
 
 
-def _final(event: dict[str, Any], load_duration: int, total_duration: int) -> Final:
+def _final(done: DoneEvent, load_duration: int, total_duration: int) -> Final:
     """The pipeline's final event for the runner's last one."""
-    return Final(
-        done_reason=event["done_reason"],
-        prompt_tokens=event["prompt_tokens"],
-        prompt_eval_count=event["prompt_eval_count"],
-        prompt_eval_duration=event["prompt_eval_duration_ns"],
-        eval_count=event["eval_count"],
-        eval_duration=event["eval_duration_ns"],
-        load_duration=load_duration,
-        total_duration=total_duration,
-        stop_sequence=event.get("stop_sequence"),
-        context_full=event["context_full"],
-    )
+    return Final(done.done_reason, done.prompt_tokens, done.prompt_eval_count, done.prompt_eval_duration_ns,
+                 done.eval_count, done.eval_duration_ns, load_duration, total_duration, done.stop_sequence,
+                 done.context_full)
 
 
 async def drain(first: Delta | Final, events: AsyncIterator[Delta | Final], feed: Callable[[Delta], object]) -> Final:
@@ -380,11 +375,11 @@ async def collect(first: Delta | Final, events: AsyncIterator[Delta | Final]) ->
     return total, await drain(first, events, join)
 
 
-def _logprob(event: dict[str, Any]) -> dict[str, Any]:
+def _logprob(event: TokenEvent, token_text: Callable[[int], str]) -> dict[str, Any]:
     return {
-        "token": event["token_text"],
-        "logprob": event["logprob"],
-        "top_logprobs": [{"token": t, "logprob": lp} for t, lp in event.get("top_logprobs", [])],
+        "token": token_text(event.token),
+        "logprob": event.logprob,
+        "top_logprobs": [{"token": token_text(t), "logprob": lp} for t, lp in event.top_logprobs],
     }
 
 

@@ -26,10 +26,11 @@ import mlx.nn as nn
 from PIL import Image
 
 from plugd.constants import PREFILL_CHUNK
+from plugd.protocol import CompletionRequest, DoneEvent, PrefillEvent, TokenEvent
 from plugd.runner.cache_policy import single_slot
 from plugd.runner.grammar import TokenMask
 from plugd.runner.media import inside_run, media_runs
-from plugd.runner.sampling import NEGATIVE_INFINITY, Sampler, SamplingParams
+from plugd.runner.sampling import NEGATIVE_INFINITY, Sampler
 from plugd.runner.stops import StopMatcher
 from plugd.runner_api import GrammarRefused, RunnerCachePolicy
 from plugd.tokenizer import Detokenizer, Tokenizer
@@ -41,54 +42,7 @@ RELEASE_BUFFERS_EVERY = 256
 DECODE_HEADROOM = 4096
 
 
-@attrs.define
-class CompletionRequest:
-    tokens: list[int]
-    sampling: SamplingParams
-    num_predict: int  # -1 (any negative): until the context is full
-    num_ctx: int  # prompt and generated tokens together
-    num_keep: int  # prompt tokens kept from the start when the prompt must be truncated
-    stop: list[str]
-    logprobs: bool = False
-    top_logprobs: int = 0
-    # Cache keys of the tokens where they differ from them: each position of an image run holds its image's key
-    # (plugd.runner.media); empty for a prompt without images.
-    keys: list[int] = attrs.Factory(list)
-
-
-@attrs.define
-class TokenEvent:
-    """One generated token and the text it completed (empty while text is held back)."""
-
-    text: str
-    token: int
-    logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] = attrs.Factory(list)
-
-
-@attrs.define
-class PrefillEvent:
-    """How far the prefill is: reported as it starts (evaluated 0) and after each chunk, before any token comes."""
-
-    prompt_tokens: int  # after truncation
-    cached_tokens: int  # restored from the cache: the prefill does not evaluate them
-    evaluated: int  # prompt tokens evaluated so far
-
-
 Progress = Callable[[PrefillEvent], None]
-
-
-@attrs.define
-class DoneEvent:
-    done_reason: str  # "stop" (end-of-sequence or stop string), "length" (num_predict or context full), "cancel"
-    prompt_tokens: int  # after truncation
-    prompt_eval_count: int  # prompt tokens evaluated, the reused prefix not included
-    prompt_eval_duration_ns: int
-    eval_count: int  # generated tokens, an end-of-sequence token included
-    eval_duration_ns: int
-    text: str = ""  # text still held when generation ended
-    stop_sequence: str | None = None  # the stop string that ended it, if one did
-    context_full: bool = False  # "length" because prompt and output filled num_ctx, not because num_predict ran out
 
 
 def prompt_limit(num_ctx: int) -> int:

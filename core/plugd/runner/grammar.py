@@ -6,40 +6,15 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 import attrs
 import mlx.core as mx
 import numpy as np
 
+from plugd.protocol import GrammarSpec
 from plugd.runner_api import Compiled, Compiler, GrammarRefused, GrammarVocabulary, Matcher
-
-KINDS = ("json", "json_schema")
-
-
-@attrs.frozen
-class GrammarSpec:
-    """A completion body's "grammar": which engine, what to enforce, and from which text on."""
-
-    factory: str  # "module:callable"
-    kind: str
-    format: Any
-    after: str | None = None  # enforce only once the output contains this text (the end of a thinking block)
-
-    @classmethod
-    def parse(cls, data: Mapping[str, Any]) -> GrammarSpec:
-        if not isinstance(data, Mapping):
-            raise GrammarRefused("grammar must be an object")
-        factory, kind, after = data.get("factory"), data.get("kind"), data.get("after")
-        if not isinstance(factory, str) or ":" not in factory:
-            raise GrammarRefused(f"grammar factory must be 'module:callable', not {factory!r}")
-        if kind not in KINDS:
-            raise GrammarRefused(f"grammar kind must be one of {', '.join(KINDS)}, not {kind!r}")
-        if after is not None and (not isinstance(after, str) or not after):
-            raise GrammarRefused("grammar 'after' must be a non-empty string")
-        return cls(factory, kind, data.get("format"), after)
 
 
 class Grammars:

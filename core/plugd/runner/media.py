@@ -15,12 +15,13 @@ import base64
 import binascii
 import hashlib
 import io
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 from PIL import Image
 
+from plugd.protocol import MediaItem
 from plugd.tokenizer import Tokenizer
 
 
@@ -54,10 +55,10 @@ def inside_run(keys: Sequence[int], position: int) -> bool:
     return 0 < position < len(keys) and keys[position] < 0 and keys[position - 1] == keys[position]
 
 
-def encode(model: Any, tokenizer: Tokenizer, text: str, media: Sequence[Mapping[str, str]] = (),
+def encode(model: Any, tokenizer: Tokenizer, text: str, media: Sequence[MediaItem] = (),
            decode_images: bool = True) -> EncodedPrompt:
     """`text` tokenized with each image placeholder expanded; `media` are the images in order, as the runner
-    protocol carries them (base64 `data`, `mime_type`). ValueError when they do not fit the prompt. Without
+    protocol carries them. ValueError when they do not fit the prompt. Without
     `decode_images` the images are left out (`images` empty), for counting tokens."""
     placeholder = getattr(model, "media_placeholder", None)
     if placeholder is None:
@@ -77,7 +78,7 @@ def encode(model: Any, tokenizer: Tokenizer, text: str, media: Sequence[Mapping[
                          "image tokens written as text are not allowed")
     images: dict[int, Image.Image] = {}
     for (start, end), item in zip(runs, media, strict=True):
-        data = _bytes(item["data"])
+        data = _bytes(item.data)
         key = media_key(data)
         keys[start:end] = [key] * (end - start)
         if decode_images and key not in images:

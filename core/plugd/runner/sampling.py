@@ -15,39 +15,11 @@ import math
 import random
 from collections.abc import Sequence
 
-import attrs
 import mlx.core as mx
 
+from plugd.protocol import SamplingParams
+
 NEGATIVE_INFINITY = float("-inf")
-
-
-@attrs.frozen
-class SamplingParams:
-    """Sampling settings with Ollama's defaults. A seed of None (or negative) draws a fresh one."""
-
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.9
-    min_p: float = 0.0
-    repeat_penalty: float = 1.1
-    repeat_last_n: int = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0
-
-    @property
-    def penalizes(self) -> bool:
-        return self.repeat_last_n != 0 and (
-            self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-        )
-
-    def penalty_window(self, num_ctx: int) -> int:
-        """How many recent tokens the penalties look at; repeat_last_n -1 means the whole context."""
-        return num_ctx if self.repeat_last_n < 0 else self.repeat_last_n
 
 
 def apply_penalties(logits: mx.array, recent: mx.array, params: SamplingParams) -> mx.array:

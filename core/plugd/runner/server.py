@@ -1,13 +1,14 @@
 """`plugd runner`: one model, served over HTTP on a Unix socket to the daemon that spawned it.
 
-Routes: GET /status (memory figures), POST /completion (NDJSON events: the prefill's progress, tokens, done),
-POST /tokenize, POST /detokenize. All MLX work runs on one dedicated thread,
+Routes: GET /status (memory figures), POST /completion (a plugd.protocol.Completion; NDJSON events: the
+prefill's progress, tokens, done), POST /tokenize (a vision model's prompt, whose image placeholders only the
+runner expands; the daemon tokenizes text itself). All MLX work runs on one dedicated thread,
 since MLX streams are thread-local; completions queue behind each other there.
 
-A completion with "truncate": false is refused with status 400 (kind "context_exceeded") when its prompt does
+A completion with `truncate` false is refused with status 400 (kind "context_exceeded") when its prompt does
 not fit num_ctx, instead of being truncated.
 
-A completion with a "grammar" starts its prefill and its grammar's compilation
+A completion with a `grammar` starts its prefill and its grammar's compilation
 together; a grammar that cannot be enforced is answered with status 400 before
 any output, and the prefill it started stays in the cache for the next request.
 """
@@ -18,7 +19,6 @@ import asyncio
 import ctypes
 import ctypes.util
 import importlib
-import json
 import logging
 import os
 import resource
@@ -30,18 +30,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import attrs
 import mlx.core as mx
 import uvicorn
 from litestar import Litestar, Request, Response, get, post
 from litestar.datastructures import State
 from litestar.response import Stream
 
-from plugd.protocol import RunnerConfig
+from plugd import protocol
+from plugd.protocol import CompletionRequest, ErrorEvent, MediaItem, RunnerConfig, RunnerEvent, event_line
 from plugd.runner.cache_policy import make_policy
 from plugd.runner.errors import CHECKPOINT_REFUSED, CheckpointError
-from plugd.runner.generate import CompletionRequest, DoneEvent, Engine, PrefillEvent, TokenEvent, prompt_limit
-from plugd.runner.grammar import Grammars, GrammarSpec, TokenMaskFactory
+from plugd.runner.generate import Engine, prompt_limit
+from plugd.runner.grammar import Grammars, TokenMaskFactory
 from plugd.runner.loading import compute_dtype, load_model
 from plugd.runner.media import EncodedPrompt, encode
 from plugd.runner_api import GrammarRefused, GrammarVocabulary
@@ -70,7 +70,7 @@ class ModelHost:
         return Engine(model, Tokenizer.from_dir(model_dir),
                       cache_policy=lambda m: make_policy(config.cache_policy, m, budget))
 
-    def encode(self, text: str, media: list[dict[str, str]], decode_images: bool = True) -> EncodedPrompt:
+    def encode(self, text: str, media: list[MediaItem], decode_images: bool = True) -> EncodedPrompt:
         """`text` and its images as the engine takes them; ValueError when the images do not fit the prompt."""
         return encode(self.engine.model, self.engine.tokenizer, text, media, decode_images)
 
@@ -81,21 +81,6 @@ class ModelHost:
             "mlx_active": mx.get_active_memory(),
             "mlx_cache": mx.get_cache_memory(),
             "mlx_peak": mx.get_peak_memory(),
-        }
-
-    def event_json(self, event: PrefillEvent | TokenEvent | DoneEvent) -> dict[str, Any]:
-        if isinstance(event, DoneEvent):
-            return attrs.asdict(event) | {"done": True}
-        if isinstance(event, PrefillEvent):
-            return {"done": False, "prefill": attrs.asdict(event)}
-        token_text = self.engine.tokenizer.token_text
-        return {
-            "done": False,
-            "text": event.text,
-            "token": event.token,
-            "token_text": token_text(event.token),
-            "logprob": event.logprob,
-            "top_logprobs": [[token_text(t), lp] for t, lp in event.top_logprobs],
         }
 
 
@@ -123,7 +108,7 @@ class Completion:
                 request.tokens, request.keys, images = prompt.tokens, prompt.keys, prompt.images
             mask = None if grammar is None else lambda: grammar.result()()
 
-            def send(event: PrefillEvent | TokenEvent | DoneEvent) -> None:
+            def send(event: RunnerEvent) -> None:
                 self._loop.call_soon_threadsafe(put, event)
 
             for event in self._host.engine.complete(request, self._cancelled.is_set, mask, images, send):
@@ -140,9 +125,9 @@ class Completion:
         try:
             while (event := await self._events.get()) is not None:
                 if isinstance(event, Exception):
-                    yield _line({"error": f"generation failed: {event}"})
+                    yield event_line(ErrorEvent(f"generation failed: {event}"))
                     continue
-                yield _line(self._host.event_json(event))
+                yield event_line(event)
         finally:
             await self.cancel()
 
@@ -156,10 +141,6 @@ def _return_freed_heap() -> None:
     """Give the memory the load freed back to the system (glibc keeps freed heap pages resident otherwise)."""
     if sys.platform == "linux" and (libc := ctypes.util.find_library("c")):
         ctypes.CDLL(libc).malloc_trim(0)
-
-
-def _line(data: dict[str, Any]) -> bytes:
-    return json.dumps(data).encode() + b"\n"
 
 
 def _current_rss() -> int:
@@ -193,23 +174,26 @@ def _working_set() -> dict[str, int]:
 
 @post("/completion", status_code=200)
 async def completion(request: Request) -> Response[Any] | Stream:
-    data = await request.json()
-    text = data.pop("prompt", None)
-    media = data.pop("media", [])
-    grammar_data = data.pop("grammar", None)
-    truncate = data.pop("truncate", True)
-    body = structure({"tokens": []} | data, CompletionRequest)
+    try:
+        wire = structure(await request.json(), protocol.Completion)
+    except ValueError as exc:
+        return _rejection(f"invalid completion: {exc}", "invalid")
     host = _host(request)
     try:
-        prompt = None if text is None else await asyncio.to_thread(host.encode, text, media)
+        prompt = None if wire.prompt is None else await asyncio.to_thread(host.encode, wire.prompt, wire.media)
     except ValueError as exc:
         return _rejection(str(exc), "media")
+    body = CompletionRequest(tokens=wire.tokens, sampling=wire.sampling, num_predict=wire.num_predict,
+                             num_ctx=wire.num_ctx, num_keep=wire.num_keep, stop=wire.stop, logprobs=wire.logprobs,
+                             top_logprobs=wire.top_logprobs)
     prompt_tokens = len(body.tokens if prompt is None else prompt.tokens)
-    if not truncate and prompt_tokens > (limit := prompt_limit(body.num_ctx)):
+    if not wire.truncate and prompt_tokens > (limit := prompt_limit(body.num_ctx)):
         return _rejection(f"the prompt is {prompt_tokens} tokens; a context of {body.num_ctx} holds {limit}",
                           "context_exceeded", prompt_tokens=prompt_tokens, limit=limit)
     try:
-        grammar = None if grammar_data is None else host.grammars.compile(GrammarSpec.parse(grammar_data))
+        if wire.grammar is not None:
+            wire.grammar.check()
+        grammar = None if wire.grammar is None else host.grammars.compile(wire.grammar)
     except GrammarRefused as exc:
         return _refusal(exc)
     running = Completion(host, body, prompt, grammar)
@@ -240,16 +224,11 @@ async def tokenize(request: Request) -> Any:
     # The tokenizers library needs no MLX, so this need not queue behind a generation on the MLX thread. The
     # daemon has checked the images already and the completion decodes them; counting tokens does not need them.
     try:
-        prompt = await asyncio.to_thread(_host(request).encode, data["text"], data.get("media", []), False)
+        media = structure(data.get("media", []), list[MediaItem])
+        prompt = await asyncio.to_thread(_host(request).encode, data["text"], media, False)
     except ValueError as exc:
         return _rejection(str(exc), "media")
     return {"tokens": prompt.tokens}
-
-
-@post("/detokenize", status_code=200)
-async def detokenize(request: Request) -> dict[str, Any]:
-    tokens = (await request.json())["tokens"]
-    return {"text": await asyncio.to_thread(_host(request).engine.tokenizer.decode, tokens)}
 
 
 def _error(request: Request, exc: Exception) -> Response[Any]:
@@ -281,7 +260,7 @@ def main(model_dir: str, socket_path: str, config: str) -> int:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return CHECKPOINT_REFUSED if isinstance(exc, CheckpointError) else 1
     app = Litestar(
-        route_handlers=[status, completion, tokenize, detokenize],
+        route_handlers=[status, completion, tokenize],
         state=State({"host": host}),
         exception_handlers={Exception: _error},
         logging_config=None,

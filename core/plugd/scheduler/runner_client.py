@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import shutil
@@ -16,10 +15,11 @@ from typing import Any
 import httpx
 
 from plugd.blas import with_openblas
-from plugd.protocol import RunnerConfig
+from plugd.protocol import Completion, DoneEvent, ErrorEvent, PrefillEvent, RunnerConfig, TokenEvent, read_event
 from plugd.runner.errors import CHECKPOINT_REFUSED
 from plugd.scheduler.memory import resident_bytes
 from plugd.scratch import scratch_prefix
+from plugd.types import unstructure
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT = float(os.environ.get("PLUGD_LOAD_TIMEOUT", "600"))
@@ -180,22 +180,23 @@ class RunnerProcess:
         except httpx.TimeoutException:
             raise self._stop_wedged(STATUS_TIMEOUT) from None
 
-    async def completion(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """The runner's NDJSON events; a runner that dies mid-stream raises RunnerError."""
+    async def completion(self, body: Completion) -> AsyncIterator[PrefillEvent | TokenEvent | DoneEvent]:
+        """The runner's events for `body`; a failure it reports, or a runner that dies mid-stream, raises
+        RunnerError."""
         try:
-            async with self.http.stream("POST", "/completion", json=body) as response:
+            async with self.http.stream("POST", "/completion", json=unstructure(body)) as response:
                 if response.status_code == 400:
                     await response.aread()
                     raise RunnerRejected.of(response)
                 async for line in response.aiter_lines():
                     if line:
-                        event = json.loads(line)
-                        if "error" in event:
-                            raise RunnerError(event["error"])
+                        event = read_event(line)
+                        if isinstance(event, ErrorEvent):
+                            raise RunnerError(event.error)
                         yield event
         except httpx.ReadTimeout:
             raise self._stop_wedged(PROGRESS_TIMEOUT) from None
-        except (httpx.TransportError, json.JSONDecodeError):
+        except (httpx.TransportError, ValueError):
             await asyncio.sleep(0.05)  # let the exit status arrive so the message can say what happened
             raise RunnerError(
                 self.failure() if self.process.returncode is not None else "lost the connection to the model runner"

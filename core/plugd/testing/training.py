@@ -46,9 +46,9 @@ from mlx.utils import tree_unflatten
 from plugd import __version__, plugins
 from plugd.hookspecs import Architecture, LayerCache
 from plugd.nn.attention import traceable
-from plugd.runner.generate import CompletionRequest, DoneEvent, Engine
+from plugd.protocol import CompletionRequest, DoneEvent, SamplingParams
+from plugd.runner.generate import Engine
 from plugd.runner.loading import compute_dtype, load_model, read_weights
-from plugd.runner.sampling import SamplingParams
 from plugd.scheduler.runner_client import runner_env
 from plugd.testing.checkpoints import write_checkpoint
 from plugd.tokenizer import Tokenizer
