@@ -164,17 +164,17 @@ def test_official_client_format_json_and_schema(server):
 
 
 def test_the_runner_refuses_before_any_output_and_stays_usable(checkpoint):
-    factory = "plugd_xgrammar.engine:XGrammarEngine"
     body = Completion(prompt="Answer in JSON.", sampling=SamplingParams(temperature=0.0), num_predict=64, num_ctx=512)
 
     async def exchange() -> tuple[httpx.Response, list[dict]]:
-        config = RunnerConfig("plugd_qwen.qwen3", "plugd.runner.cache_policy:single_slot")
+        config = RunnerConfig("plugd_qwen.qwen3", "plugd.runner.cache_policy:single_slot",
+                              grammar_engines={"xgrammar": "plugd_xgrammar.engine:XGrammarEngine"})
         runner = RunnerProcess({p.name: p for p in checkpoint.iterdir() if p.is_file()}, config)
         try:
             await runner.start()
-            unenforceable = GrammarSpec(factory, "json_schema", {"type": "array", "uniqueItems": True})
+            unenforceable = GrammarSpec("xgrammar", "json_schema", {"type": "array", "uniqueItems": True})
             refused = await runner.http.post("/completion", json=unstructure(attrs.evolve(body, grammar=unenforceable)))
-            todo = attrs.evolve(body, grammar=GrammarSpec(factory, "json_schema", TODO))
+            todo = attrs.evolve(body, grammar=GrammarSpec("xgrammar", "json_schema", TODO))
             events = [event async for event in runner.completion(todo)]
             return refused, events
         finally:
@@ -238,11 +238,9 @@ def test_a_grammar_with_after_waits_for_the_marker_and_never_lets_the_output_end
 
 
 def test_grammar_specs_are_checked():
-    spec = structure({"factory": "plugd_xgrammar.engine:XGrammarEngine", "kind": "json_schema", "format": TODO,
-                      "after": "</think>"}, GrammarSpec)
+    spec = structure({"engine": "xgrammar", "kind": "json_schema", "format": TODO, "after": "</think>"}, GrammarSpec)
     spec.check()
     assert spec.after == "</think>" and spec.format == TODO
-    for bad in (GrammarSpec("nocolon", "json", None), GrammarSpec("a:b", "yaml", None),
-                GrammarSpec("a:b", "json", None, after="")):
+    for bad in (GrammarSpec("xgrammar", "yaml", None), GrammarSpec("xgrammar", "json", None, after="")):
         with pytest.raises(ValueError):
             bad.check()

@@ -26,6 +26,7 @@ class RunnerConfig:
     module: str  # the architecture's model module (Architecture.module)
     cache_policy: str  # the cache policy's factory, "module:callable" (CachePolicy.factory)
     cache_budget: int | None = None  # the bytes the policy may keep beyond the live caches; None: it has no budget
+    grammar_engines: dict[str, str] = Factory(dict)  # the installed engines' factories, by name (GrammarEngine)
 
     def to_json(self) -> str:
         return json.dumps(converter.unstructure(self))
@@ -68,15 +69,13 @@ class SamplingParams:
 class GrammarSpec:
     """A completion body's "grammar": which engine, what to enforce, and from which text on."""
 
-    factory: str  # "module:callable"
+    engine: str  # a GrammarEngine's name, its factory in the RunnerConfig
     kind: str
     format: Any
     after: str | None = None  # enforce only once the output contains this text (the end of a thinking block)
 
     def check(self) -> None:
         """GrammarRefused when the spec cannot be followed: the runner refuses it before any output."""
-        if ":" not in self.factory:
-            raise GrammarRefused(f"grammar factory must be 'module:callable', not {self.factory!r}")
         if self.kind not in GRAMMAR_KINDS:
             raise GrammarRefused(f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, not {self.kind!r}")
         if self.after is not None and not self.after:

@@ -63,6 +63,6 @@ def structured(engine: GrammarEngine, request: ChatRequest, parser: Parser | Non
                                  f"{which} cannot force a tool call")
         tools = [t for t in request.tools if request.tool_choice.name in (None, t.name)]
         forced = parser.forced_call(tools)
-        return Structured(GrammarSpec(engine.factory, "json_schema", dict(forced.schema)), forced)
+        return Structured(GrammarSpec(engine.name, "json_schema", dict(forced.schema)), forced)
     after = parser.answer_after(prompt) if parser is not None and parser.answer_after is not None else None
-    return Structured(GrammarSpec(engine.factory, _kind(request), request.format, after))
+    return Structured(GrammarSpec(engine.name, _kind(request), request.format, after))

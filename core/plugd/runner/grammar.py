@@ -20,12 +20,13 @@ from plugd.runner_api import Compiled, Compiler, GrammarRefused, GrammarVocabula
 class Grammars:
     """Compiles requests' grammars on a worker thread of its own, so compilation overlaps the prefill.
 
-    One compiler per engine factory is made for this model, on first use, and kept: it holds the engine's
-    view of the vocabulary and its cache of compiled grammars.
+    One compiler per engine is made for this model, on first use, and kept: it holds the engine's view of the
+    vocabulary and its cache of compiled grammars. `engines` are the factories, by engine name.
     """
 
-    def __init__(self, vocabulary: Callable[[], GrammarVocabulary]):
+    def __init__(self, vocabulary: Callable[[], GrammarVocabulary], engines: dict[str, str]):
         self._vocabulary = vocabulary
+        self._engines = engines
         self._built: GrammarVocabulary | None = None
         self._compilers: dict[str, Compiler] = {}
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
@@ -37,9 +38,11 @@ class Grammars:
     def _compile(self, spec: GrammarSpec) -> TokenMaskFactory:
         if self._built is None:
             self._built = self._vocabulary()
-        compiler = self._compilers.get(spec.factory)
+        compiler = self._compilers.get(spec.engine)
         if compiler is None:
-            compiler = self._compilers[spec.factory] = _load_factory(spec.factory)(self._built)
+            if spec.engine not in self._engines:
+                raise GrammarRefused(f"grammar engine {spec.engine!r} is not installed")
+            compiler = self._compilers[spec.engine] = _load_factory(self._engines[spec.engine])(self._built)
         compiled = compiler.compile(spec.kind, spec.format)
         return TokenMaskFactory(compiled, self._built.width, self._built.stop_ids, spec.after)
 

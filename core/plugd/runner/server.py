@@ -59,7 +59,8 @@ class ModelHost:
         started = time.perf_counter()
         self.engine: Engine = self.mlx.submit(self._load, model_dir, config).result()
         self.load_seconds = time.perf_counter() - started
-        self.grammars = Grammars(lambda: GrammarVocabulary.of(self.engine.tokenizer, self.engine.logits_width))
+        self.grammars = Grammars(lambda: GrammarVocabulary.of(self.engine.tokenizer, self.engine.logits_width),
+                                 config.grammar_engines)
 
     @staticmethod
     def _load(model_dir: Path, config: RunnerConfig) -> Engine:

@@ -214,7 +214,9 @@ class Scheduler:
                     self._hold(entry)
                     return entry
                 cache_budget = self._cache_budget(needed)
-            config = RunnerConfig(model.require_architecture().module, self.cache_policy.factory, cache_budget)
+            engines = {engine.name: engine.factory for engine in self.registry.items.get("plugd_grammar_engines", [])}
+            config = RunnerConfig(model.require_architecture().module, self.cache_policy.factory, cache_budget,
+                                  engines)
             entry = Loaded(model=model, runner=self.runner_factory(model, config), num_ctx=context,
                            size=needed, sized=num_ctx is None, cache_budget=cache_budget or 0,
                            growth=caches + (cache_budget or 0))
