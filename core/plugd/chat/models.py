@@ -9,6 +9,7 @@ from typing import Any
 
 from attrs import define
 
+from plugd.errors import PlugdError
 from plugd.hookspecs import Architecture, ModelFiles
 from plugd.plugins import Registry
 from plugd.store import manifests as mt
@@ -21,8 +22,10 @@ from plugd.store.store import CorruptModel, Store, StoredModel
 from plugd.types import Message
 
 
-class UnsupportedModel(ValueError):
+class UnsupportedModel(PlugdError, ValueError):
     """No installed plugin can run this model."""
+
+    status = 400
 
 
 @define(frozen=True)

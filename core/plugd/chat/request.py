@@ -6,11 +6,14 @@ from typing import Any, Literal
 
 from attrs import define, field
 
+from plugd.errors import PlugdError
 from plugd.types import Message, Think, Tool, ToolCall
 
 
-class InvalidRequest(ValueError):
+class InvalidRequest(PlugdError, ValueError):
     """The request cannot be served as asked (a 400 in every dialect)."""
+
+    status = 400
 
 
 class ContextExceeded(InvalidRequest):
@@ -24,7 +27,7 @@ class ContextExceeded(InvalidRequest):
         self.context_length = context_length
 
 
-class UnparseableOutput(RuntimeError):
+class UnparseableOutput(PlugdError, RuntimeError):
     """The model's output does not follow its family's format; the generation was stopped."""
 
 

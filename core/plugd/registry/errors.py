@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from plugd.errors import PlugdError
 
-class RegistryError(RuntimeError):
+
+class RegistryError(PlugdError, RuntimeError):
     """A transfer failed; `status` is the HTTP status the daemon answers a non-streamed request with."""
 
     status = 502

@@ -10,6 +10,7 @@ from typing import Any
 from attrs import define
 
 from plugd.constants import CACHE_STEP, PREFILL_CHUNK, ROTATING_SLACK, SNAPSHOT_LIMIT
+from plugd.errors import PlugdError
 from plugd.hookspecs import Architecture, LayerCache
 from plugd.plugins import Registry
 from plugd.procfs import kib_field
@@ -104,7 +105,7 @@ def _binary_size(n: int) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-class InsufficientMemory(RuntimeError):
+class InsufficientMemory(PlugdError, RuntimeError):
     def __init__(self, name: str, needed: int, budget: int):
         super().__init__(
             f"model '{name}' needs {_binary_size(needed)} (weights and KV cache) "

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from plugd.blas import with_openblas
+from plugd.errors import PlugdError
 from plugd.protocol import Completion, DoneEvent, ErrorEvent, PrefillEvent, RunnerConfig, TokenEvent, read_event
 from plugd.runner.errors import CHECKPOINT_REFUSED
 from plugd.scheduler.memory import resident_bytes
@@ -30,12 +31,14 @@ PROGRESS_TIMEOUT = float(os.environ.get("PLUGD_RUNNER_TIMEOUT", "120"))
 STATUS_TIMEOUT = min(10.0, PROGRESS_TIMEOUT)
 
 
-class RunnerError(RuntimeError):
+class RunnerError(PlugdError, RuntimeError):
     """The runner failed to load, died, or answered with an error."""
 
 
 class UnloadableModel(RunnerError):
     """The runner could not load the model's checkpoint (its tensors do not fit, or are in a form plugd cannot run)."""
+
+    status = 400
 
 
 class RunnerRejected(RunnerError):
@@ -44,6 +47,8 @@ class RunnerRejected(RunnerError):
     `details` is the runner's answer: its "kind" of refusal and what goes with it (a prompt over the context
     is kind "context_exceeded", with "prompt_tokens" and "limit").
     """
+
+    status = 400
 
     def __init__(self, details: dict[str, Any]):
         super().__init__(details.get("error", "the runner refused the request"))

@@ -17,6 +17,7 @@ from attrs import define, field
 
 from plugd.cache_policies import chosen_policy
 from plugd.chat.models import ResolvedModel
+from plugd.errors import PlugdError
 from plugd.plugins import Registry
 from plugd.protocol import RunnerConfig
 from plugd.scheduler import memory
@@ -25,7 +26,9 @@ from plugd.scheduler.runner_client import RunnerError, RunnerProcess
 log = logging.getLogger(__name__)
 
 
-class QueueFull(RuntimeError):
+class QueueFull(PlugdError, RuntimeError):
+    status = 503
+
     def __init__(self, limit: int):
         super().__init__(f"server busy: {limit} requests are already waiting; try again later")
 

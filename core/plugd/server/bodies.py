@@ -8,6 +8,7 @@ from typing import TypeVar
 
 from litestar import Request
 
+from plugd.errors import PlugdError
 from plugd.types import structure
 
 T = TypeVar("T")
@@ -17,8 +18,8 @@ T = TypeVar("T")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-class BadRequest(ValueError):
-    pass
+class BadRequest(PlugdError, ValueError):
+    status = 400
 
 
 def _no_constant(name: str) -> float:

@@ -18,11 +18,15 @@ from typing import TypeVar
 import anyio
 from litestar import Request
 
+from plugd.errors import PlugdError
+
 T = TypeVar("T")
 
 
-class ClientGone(Exception):
+class ClientGone(PlugdError):
     """The client closed its connection before its response was ready; the work for it was cancelled."""
+
+    status = 499
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:

@@ -9,17 +9,8 @@ from typing import Any
 from litestar.exceptions import HTTPException
 from litestar.types import Send
 
-from plugd.chat.models import UnsupportedModel
-from plugd.chat.request import ContextExceeded, InvalidRequest, UnparseableOutput
-from plugd.scheduler.runner_client import RunnerRejected, UnloadableModel
-from plugd.scheduler.scheduler import QueueFull
-from plugd.server.bodies import BadRequest
-from plugd.server.disconnect import ClientGone
-from plugd.store.blobs import DigestMismatch, InvalidDigest
-from plugd.store.create import CreateError
-from plugd.store.model_files import MalformedModelFile
-from plugd.store.names import InvalidName
-from plugd.store.store import CorruptModel, ModelNotFound
+from plugd.chat.request import ContextExceeded
+from plugd.errors import PlugdError
 
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                  404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error",
@@ -28,34 +19,13 @@ _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 4
                     404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
 
 
-_STATUS = {
-    BadRequest: 400,
-    InvalidName: 400,
-    InvalidDigest: 400,
-    DigestMismatch: 400,
-    CreateError: 400,
-    ModelNotFound: 404,
-    InvalidRequest: 400,
-    RunnerRejected: 400,
-    UnloadableModel: 400,
-    UnparseableOutput: 500,
-    UnsupportedModel: 400,
-    QueueFull: 503,
-    ClientGone: 499,  # nginx's "client closed request": nobody reads it, but the log line says what happened
-    CorruptModel: 500,
-    MalformedModelFile: 500,
-}
-
-
 def status_of(exc: Exception) -> tuple[int, str]:
     """The HTTP status a failure answers with, and its message."""
     if isinstance(exc, HTTPException):
         return exc.status_code, exc.detail
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return 507, "no space left on the model store's disk: free some space, or remove models"
-    if isinstance(exc, ContextExceeded):
-        return 400, str(exc)
-    return next((code for cls, code in _STATUS.items() if isinstance(exc, cls)), 500), str(exc) or type(exc).__name__
+    return (exc.status if isinstance(exc, PlugdError) else 500), str(exc) or type(exc).__name__
 
 
 def failure_body(path: str, exc: Exception) -> tuple[int, dict[str, Any]]:

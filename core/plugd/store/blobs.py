@@ -12,15 +12,21 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from plugd.errors import PlugdError
+
 DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})")
 PARTIAL_PREFIX = ".partial-"
 
 
-class InvalidDigest(ValueError):
+class InvalidDigest(PlugdError, ValueError):
+    status = 400
+
     pass
 
 
-class DigestMismatch(ValueError):
+class DigestMismatch(PlugdError, ValueError):
+    status = 400
+
     pass
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from attrs import define, field
 
 from plugd.builtins.jinja_renderer import FALLBACK_RENDERER, check_template
+from plugd.errors import PlugdError
 from plugd.hookspecs import Architecture, ModelFiles
 from plugd.plugins import Registry
 from plugd.store import manifests as mt
@@ -24,8 +25,10 @@ from plugd.types import OPTION_TYPES
 CAPABILITIES = ("completion", "tools", "thinking", "vision")
 
 
-class CreateError(ValueError):
+class CreateError(PlugdError, ValueError):
     """The request cannot produce a model; the message says what to fix."""
+
+    status = 400
 
 
 @define

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from typing import Any
 
+from plugd.errors import PlugdError
 from plugd.store.manifests import Layer
 from plugd.store.store import Store
 
@@ -27,7 +28,7 @@ def is_model_file(name: str) -> bool:
     return name in MODEL_FILE_NAMES or any(fnmatchcase(name, pattern) for pattern in MODEL_FILE_PATTERNS)
 
 
-class MalformedModelFile(ValueError):
+class MalformedModelFile(PlugdError, ValueError):
     pass
 
 

@@ -6,6 +6,8 @@ import re
 
 from attrs import define
 
+from plugd.errors import PlugdError
+
 DEFAULT_HOST = "registry.ollama.ai"
 DEFAULT_NAMESPACE = "library"
 DEFAULT_TAG = "latest"
@@ -23,8 +25,8 @@ def _rule(kind: str) -> str:
     return f"begin with a letter, digit or '_', then hold only those or {marks}; {length} characters at most"
 
 
-class InvalidName(ValueError):
-    pass
+class InvalidName(PlugdError, ValueError):
+    status = 400
 
 
 @define(frozen=True)

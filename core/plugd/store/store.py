@@ -15,6 +15,7 @@ from typing import Any
 
 from attrs import define
 
+from plugd.errors import PlugdError
 from plugd.store.blobs import BlobStore, write_atomically
 from plugd.store.manifests import MalformedManifest, Manifest
 from plugd.store.names import ModelName
@@ -26,12 +27,14 @@ log = logging.getLogger(__name__)
 PRUNE_GRACE_SECONDS = 3600
 
 
-class ModelNotFound(LookupError):
+class ModelNotFound(PlugdError, LookupError):
+    status = 404
+
     def __init__(self, name: ModelName | str):
         super().__init__(f"model '{name}' not found")
 
 
-class CorruptModel(RuntimeError):
+class CorruptModel(PlugdError, RuntimeError):
     """A manifest or config in the store cannot be read; the message says which file and why."""
 
 
