@@ -1,10 +1,70 @@
-"""Key/value cache for attention layers: grows in steps, trims back, snapshots."""
+"""The cache protocol every layer cache implements, and the key/value cache of attention layers.
+
+A cache policy (plugd.runner_api) works with any layer cache through the `Cache` protocol: how far it is
+(`offset`), how far back it can `trim`, and snapshots. A cache that `spans` (keys and values) snapshots any span
+of its positions and restores by appending one; the others (a sliding window, a recurrent state) snapshot and
+restore their whole state only. A new kind of cache implements the protocol and both policies take it as it is.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, NamedTuple, Protocol
 
 import mlx.core as mx
 
 from plugd.constants import CACHE_STEP
+
+
+class Cache(Protocol):
+    offset: int  # positions seen
+    spans: bool  # snapshots cover any span of positions (see KVSpan), not only the whole state
+    trimmable: bool  # trims back by more than a few positions (a recurrent state cannot trim at all)
+
+    @property
+    def trim_floor(self) -> int:
+        """The earliest offset `trim` can go back to."""
+
+    def trim(self, n: int) -> int:
+        """Forget up to the last n positions; return how many were forgotten."""
+
+    def snapshot(self, start: int = 0, end: int | None = None) -> Any:
+        """What later updates leave as it is, and `restore` takes back: for a spanning cache, its positions
+        [start, end) (end: the offset) as a KVSpan; for the others the whole state (start and end ignored).
+        None when there is nothing to keep."""
+
+    def restore(self, snapshot: Any) -> None:
+        """A spanning cache appends the span's positions at its offset; the others take the state back
+        (None: empty)."""
+
+
+class KVSpan(NamedTuple):
+    """Keys and values over a span of positions, (batch, kv_heads, length, head_dim), owned copies."""
+
+    keys: mx.array
+    values: mx.array
+
+    @property
+    def length(self) -> int:
+        return self.keys.shape[2]
+
+    def part(self, begin: int, end: int | None = None) -> KVSpan:
+        """The positions [begin, end) of this span, copied: what it holds no longer keeps the whole alive."""
+        view = self.view(begin, end)
+        return KVSpan(mx.contiguous(view.keys), mx.contiguous(view.values))
+
+    def view(self, begin: int, end: int | None = None) -> KVSpan:
+        """The positions [begin, end) of this span, sharing its memory (to restore from: the cache copies in)."""
+        return KVSpan(self.keys[..., begin:end, :], self.values[..., begin:end, :])
+
+
+def snapshot_arrays(snapshot: Any) -> Iterator[mx.array]:
+    """The arrays a snapshot (or a list of them) holds, to count their bytes or evaluate them."""
+    if isinstance(snapshot, mx.array):
+        yield snapshot
+    elif isinstance(snapshot, tuple | list):
+        for part in snapshot:
+            yield from snapshot_arrays(part)
 
 
 class KVCache:
@@ -19,6 +79,7 @@ class KVCache:
     positions; `trim(n)` forgets the last n, which later writes overwrite.
     """
 
+    spans = True
     trimmable = True
 
     def __init__(self, step: int = CACHE_STEP):
@@ -78,3 +139,13 @@ class KVCache:
     def state(self, snapshot: tuple[mx.array, mx.array] | None) -> None:
         self.keys, self.values = snapshot or (None, None)
         self.offset = 0 if snapshot is None else snapshot[0].shape[2]
+
+    def snapshot(self, start: int = 0, end: int | None = None) -> KVSpan | None:
+        end = self.offset if end is None else end
+        if self.keys is None or end <= start:
+            return None
+        return KVSpan(self.keys, self.values).part(start, end)
+
+    def restore(self, snapshot: KVSpan | None) -> None:
+        if snapshot is not None:
+            self.update_and_fetch(snapshot.keys, snapshot.values)

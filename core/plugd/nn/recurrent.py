@@ -29,6 +29,7 @@ class RecurrentCache:
     and later updates leave it as it was.
     """
 
+    spans = False
     trimmable = False
 
     def __init__(self):
@@ -67,3 +68,10 @@ class RecurrentCache:
             self.offset, self.conv, self.recurrent = 0, None, None
         else:
             self.offset, self.conv, self.recurrent = snapshot
+
+    def snapshot(self, start: int = 0, end: int | None = None) -> RecurrentState | None:
+        """The whole state: shared, not copied, since updates replace its arrays rather than write into them."""
+        return self.state
+
+    def restore(self, snapshot: RecurrentState | None) -> None:
+        self.state = snapshot

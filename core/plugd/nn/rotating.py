@@ -48,6 +48,7 @@ class RotatingKVCache:
     query may see.
     """
 
+    spans = False
     trimmable = True
 
     def __init__(self, window: int, slack: int = ROTATING_SLACK, step: int = CACHE_STEP):
@@ -113,3 +114,13 @@ class RotatingKVCache:
             self.offset, self.start, self.keys, self.values = 0, 0, None, None
         else:
             self.offset, self.start, self.keys, self.values = snapshot
+
+    def snapshot(self, start: int = 0, end: int | None = None) -> RotatingState | None:
+        """The whole state, copied: the buffer is written in place."""
+        state = self.state
+        if state is None:
+            return None
+        return state._replace(keys=mx.contiguous(state.keys), values=mx.contiguous(state.values))
+
+    def restore(self, snapshot: RotatingState | None) -> None:
+        self.state = snapshot

@@ -9,11 +9,10 @@ import importlib
 from collections.abc import Sequence
 from typing import Any
 
-import mlx.core as mx
 import mlx.nn as nn
 
 from plugd.constants import SNAPSHOT_LIMIT
-from plugd.nn.cache import KVCache
+from plugd.nn.cache import snapshot_arrays
 from plugd.runner_api import LiveCache, RunnerCachePolicy, common_prefix
 
 # Where the single-slot policy snapshots the layers that cannot trim back (recurrent, sliding-window).
@@ -24,15 +23,15 @@ SNAPSHOTS_BEFORE_END = (256, 64, 16)  # this far before each prompt's end, where
 class SingleSlotPolicy(LiveCache):
     """The built-in policy: keep the last completion's live caches and reuse their longest common prefix.
 
-    Plain KV layers trim back to any position. The others (a recurrent state, a sliding window that dropped its
-    oldest keys) cannot, so the policy snapshots them along the live path, at capture points the prefill stops
-    at: every `interval` tokens, a few positions before the prompt's end (an agent's next prompt typically keeps
-    the transcript and replaces what followed it) and at the prompt's end (the same prompt again). A prompt that
-    departs from the live path resumes from the latest position at or before the departure that every layer can
-    reach: trimmed back, or restored from a snapshot there. Taking a snapshot copies nothing (it holds references
-    to immutable MLX arrays); it costs the memory it keeps alive, so at most `limit` are kept: when there are
-    more, the older ones are thinned where they lie closest together. `stats()` counts them ("nodes") and the
-    bytes they hold.
+    Layers whose caches span (plain KV) trim back to any position. The others (a recurrent state, a sliding
+    window that dropped its oldest keys) cannot, so the policy snapshots them along the live path, at capture
+    points the prefill stops at: every `interval` tokens, a few positions before the prompt's end (an agent's
+    next prompt typically keeps the transcript and replaces what followed it) and at the prompt's end (the same
+    prompt again). A prompt that departs from the live path resumes from the latest position at or before the
+    departure that every layer can reach: trimmed back, or restored from a snapshot there. A snapshot (the cache
+    protocol's, plugd.nn.cache) of a recurrent state copies nothing, one of a sliding window copies the window;
+    at most `limit` are kept: when there are more, the older ones are thinned where they lie closest together.
+    `stats()` counts them ("nodes") and the bytes they hold.
     """
 
     def __init__(self, model: nn.Module, interval: int = SNAPSHOT_INTERVAL, limit: int = SNAPSHOT_LIMIT):
@@ -41,7 +40,7 @@ class SingleSlotPolicy(LiveCache):
         self._wanted: set[int] = set()  # offsets the current prefill stops at to snapshot, those not reached
         self._stats = {"bytes": 0, "nodes": 0}
         super().__init__(model)
-        self._kept_whole = [not isinstance(layer, KVCache) for layer in self.layers]
+        self._kept_whole = [not layer.spans for layer in self.layers]
 
     def reset(self) -> None:
         super().reset()
@@ -57,7 +56,7 @@ class SingleSlotPolicy(LiveCache):
             if layer.trim_floor <= point:
                 layer.trim(layer.offset - point)
             else:
-                layer.state = saved  # None, at position 0: empty
+                layer.restore(saved)  # None, at position 0: empty
         del self.tokens[point:]
         self._count()
         return point
@@ -75,7 +74,7 @@ class SingleSlotPolicy(LiveCache):
         length = len(self.tokens)
         if self._wanted and min(self._wanted) <= length:
             self._wanted = {point for point in self._wanted if point > length}
-            self._snapshots[length] = [layer.state if whole else None
+            self._snapshots[length] = [layer.snapshot() if whole else None
                                        for whole, layer in zip(self._kept_whole, self.layers)]
             self._thin()
             self._count()
@@ -87,9 +86,8 @@ class SingleSlotPolicy(LiveCache):
         return self._stats  # replaced, never changed: a status request may read it from another thread
 
     def _count(self) -> None:
-        arrays = [array for states in self._snapshots.values() for state in states if state is not None
-                  for array in state if isinstance(array, mx.array)]
-        self._stats = {"bytes": sum(array.nbytes for array in arrays), "nodes": len(self._snapshots)}
+        held = sum(array.nbytes for array in snapshot_arrays(list(self._snapshots.values())))
+        self._stats = {"bytes": held, "nodes": len(self._snapshots)}
 
     def _restore_point(self, keep: int) -> int:
         """The latest position at or before `keep` every layer can be brought back to."""

@@ -25,11 +25,10 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from plugd.nn.cache import KVCache
-from plugd.nn.rotating import RotatingState
+from plugd.nn.cache import snapshot_arrays
 from plugd.runner_api import LiveCache, common_prefix
 from plugd_prefix_cache.budget import default_budget
-from plugd_prefix_cache.trie import EdgeKV, Node, descendants, media_boundary, snapshot_arrays, walk
+from plugd_prefix_cache.trie import Node, descendants, media_boundary, walk
 
 DEFAULT_INTERVAL = 512
 # Restore points this far before a prompt's end: the next turn of an agent often drops the end (a runtime reminder),
@@ -59,8 +58,8 @@ class PrefixCachePolicy(LiveCache):
         except Exception:  # a step that failed can leave the live buffer unreadable: forget what only it held
             self.root = Node([], 0)
         super().reset()
-        # Plain KV caches are kept per edge (lazily while live); rotating-window and recurrent ones whole, at node ends.
-        self.sliced = [isinstance(layer, KVCache) for layer in self.layers]
+        # Caches that span (plain KV) are kept per edge (lazily while live); the others whole, at node ends.
+        self.sliced = [layer.spans for layer in self.layers]
         self._evict()
 
     def resume(self, prompt: Sequence[int]) -> int:
@@ -125,11 +124,9 @@ class PrefixCachePolicy(LiveCache):
                 layer.trim(layer.offset - kept)
                 for node in path:
                     if node.end > kept:
-                        keys, values = node.snapshots[i]
-                        begin = max(kept - node.start, 0)
-                        layer.update_and_fetch(keys[..., begin:, :], values[..., begin:, :])
+                        layer.restore(node.snapshots[i].view(max(kept - node.start, 0)))
             else:
-                layer.state = path[-1].snapshots[i] if path else None
+                layer.restore(path[-1].snapshots[i] if path else None)
         mx.eval([layer.state for layer in self.layers])
         for node in path:
             self._make_lazy(node)
@@ -145,10 +142,8 @@ class PrefixCachePolicy(LiveCache):
         if nodes[0].start < length:
             nodes[0] = nodes[0].split(length - nodes[0].start, self.sliced)
         for node in nodes:
-            node.snapshots = [
-                EdgeKV(layer.keys[..., node.start : node.end, :], layer.values[..., node.start : node.end, :]).part(0)
-                if kv else snapshot for kv, layer, snapshot in zip(self.sliced, self.layers, node.snapshots)
-            ]
+            node.snapshots = [layer.snapshot(node.start, node.end) if kv else snapshot
+                              for kv, layer, snapshot in zip(self.sliced, self.layers, node.snapshots)]
             node.lazy = False
         mx.eval([node.snapshots for node in nodes])
 
@@ -180,14 +175,8 @@ class PrefixCachePolicy(LiveCache):
         self._evict()
 
     def _live_ends(self) -> list[Any]:
-        """The whole-kept layers' states now (None for KV layers): a rotating window is copied, since its buffer is
-        written in place; a recurrent state is replaced, never written, so it is shared."""
-        ends = []
-        for kv, layer in zip(self.sliced, self.layers):
-            state = None if kv else layer.state
-            if isinstance(state, RotatingState):
-                state = state._replace(keys=mx.contiguous(state.keys), values=mx.contiguous(state.values))
-            ends.append(state)
+        """The whole-kept layers' snapshots now (None for spanning layers)."""
+        ends = [None if kv else layer.snapshot() for kv, layer in zip(self.sliced, self.layers)]
         mx.eval(ends)
         return ends
 

@@ -1,41 +1,23 @@
-"""A compressed token trie whose nodes carry, per cache layer, a snapshot spanning exactly their edge.
+"""A compressed token trie whose nodes carry, per cache layer, a snapshot (plugd.nn.cache) of their edge.
 
-A plain KV layer's snapshot is its keys and values over the edge's
-positions, so any prefix of an edge can be restored by slicing. A node on the
-live path is `lazy`: its keys and values are the live buffer's over
-[start, end), and its KV snapshots are None until it is materialised. Any
-other layer (recurrent state, rotating window) is snapshotted whole at the
-edge's end, so it restores only at node ends; None marks an end that was never
-captured (the head of a split).
+A spanning layer's (plain KV) snapshot is a KVSpan over the edge's positions,
+so any prefix of an edge can be restored by slicing. A node on the live path
+is `lazy`: its keys and values are the live buffer's over [start, end), and
+its KV snapshots are None until it is materialised. Any other layer (recurrent
+state, rotating window) is snapshotted whole at the edge's end, so it restores
+only at node ends; None marks an end that was never captured (the head of a
+split).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import attrs
-import mlx.core as mx
 
+from plugd.nn.cache import snapshot_arrays
 from plugd.runner_api import common_prefix
-
-
-class EdgeKV(NamedTuple):
-    """A KV layer's keys and values over one edge, (batch, kv_heads, edge length, head_dim), owned copies."""
-
-    keys: mx.array
-    values: mx.array
-
-    def part(self, begin: int, end: int | None = None) -> EdgeKV:
-        return EdgeKV(mx.contiguous(self.keys[..., begin:end, :]), mx.contiguous(self.values[..., begin:end, :]))
-
-
-def snapshot_arrays(snapshot: Any) -> Iterator[mx.array]:
-    if isinstance(snapshot, mx.array):
-        yield snapshot
-    elif isinstance(snapshot, tuple | list):
-        for part in snapshot:
-            yield from snapshot_arrays(part)
 
 
 @attrs.define(eq=False)
