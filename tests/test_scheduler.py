@@ -17,6 +17,7 @@ from plugd.protocol import RunnerConfig
 from plugd.scheduler.memory import InsufficientMemory
 from plugd.scheduler.runner_client import UnloadableModel
 from plugd.scheduler.scheduler import QueueFull, Scheduler
+from plugd.settings import Settings
 from plugd.store.names import ModelName
 
 MiB = 2**20
@@ -98,11 +99,11 @@ def runners() -> Runners:
     return Runners()
 
 
-def scheduler(runners: Runners, bound: int | None = BOUND, **env: str) -> Scheduler:
+def scheduler(runners: Runners, bound: int | None = BOUND, **settings) -> Scheduler:
     fits = [] if bound is None else [MemoryFit("fixed", lambda held: bound)]
     registry = Registry(plugins=[], items={"plugd_memory_fits": fits,
                                            "plugd_cache_policies": [CachePolicy("single-slot", "nowhere:none")]})
-    return Scheduler(registry, runner_factory=runners)
+    return Scheduler(registry, Settings(**settings), runner_factory=runners)
 
 
 async def use(s: Scheduler, m: ResolvedModel, keep_alive: float = 300.0) -> None:
@@ -134,11 +135,9 @@ def test_a_loaded_model_is_reused_and_its_slot_is_one_request_at_a_time(runners)
     asyncio.run(scenario())
 
 
-def test_requests_beyond_the_queue_limit_are_refused(runners, monkeypatch):
-    monkeypatch.setenv("PLUGD_MAX_QUEUE", "2")
-
+def test_requests_beyond_the_queue_limit_are_refused(runners):
     async def scenario():
-        s = scheduler(runners)
+        s = scheduler(runners, max_queue=2)
         entered, leave = asyncio.Event(), asyncio.Event()
         holder = asyncio.create_task(holding(s, model("a"), entered, leave))
         await entered.wait()
@@ -275,11 +274,9 @@ def test_a_runner_that_dies_is_forgotten_and_the_model_loads_again(runners):
     asyncio.run(scenario())
 
 
-def test_max_loaded_models_evicts_even_when_memory_fits(runners, monkeypatch):
-    monkeypatch.setenv("PLUGD_MAX_LOADED_MODELS", "1")
-
+def test_max_loaded_models_evicts_even_when_memory_fits(runners):
     async def scenario():
-        s = scheduler(runners, bound=None)
+        s = scheduler(runners, bound=None, max_loaded_models=1)
         await use(s, model("a"))
         await use(s, model("b"))
         assert runners.of("a")[0].closing and set(s.loaded) == {"sha256:b"}

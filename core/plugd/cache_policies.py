@@ -7,14 +7,13 @@ in each load's memory estimate; this module imports no MLX, so the daemon can.
 
 from __future__ import annotations
 
-import os
-
 from plugd.hookspecs import CachePolicy
 
 
-def chosen_policy(policies: dict[str, CachePolicy]) -> CachePolicy:
-    """The policy named by PLUGD_CACHE_POLICY, else the one of the highest priority (of equals, the first)."""
-    if wanted := os.environ.get("PLUGD_CACHE_POLICY"):
+def chosen_policy(policies: dict[str, CachePolicy], wanted: str | None = None) -> CachePolicy:
+    """The policy named `wanted` (PLUGD_CACHE_POLICY), else the one of the highest priority (of equals, the
+    first)."""
+    if wanted:
         if wanted not in policies:
             raise ValueError(f"unknown cache policy {wanted!r}; available: {', '.join(sorted(policies))}")
         return policies[wanted]

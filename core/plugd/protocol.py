@@ -27,6 +27,7 @@ class RunnerConfig:
     cache_policy: str  # the cache policy's factory, "module:callable" (CachePolicy.factory)
     cache_budget: int | None = None  # the bytes the policy may keep beyond the live caches; None: it has no budget
     grammar_engines: dict[str, str] = Factory(dict)  # the installed engines' factories, by name (GrammarEngine)
+    log_level: str = "INFO"
 
     def to_json(self) -> str:
         return json.dumps(converter.unstructure(self))

@@ -1,12 +1,20 @@
-"""Settings read from the environment, shared by the daemon and the CLI."""
+"""Settings read from the environment, shared by the daemon and the CLI.
+
+The daemon reads its settings once, at start (`Settings.from_environment`), and hands them to what needs them;
+nothing it runs reads the environment again. (Plugin loading and the registry client, which the CLI shares, read
+theirs when called.)
+"""
 
 from __future__ import annotations
 
+import math
 import os
 import textwrap
+from collections.abc import Mapping
+from pathlib import Path
 from urllib.parse import urlsplit
 
-from attrs import define
+from attrs import define, field
 
 DEFAULT_PORT = 11434
 
@@ -64,19 +72,19 @@ def environment_help(width: int) -> str:
     return "\n".join(lines)
 
 
-def daemon_address() -> tuple[str, int]:
+def daemon_address(environ: Mapping[str, str] = os.environ) -> tuple[str, int]:
     """Host and port from PLUGD_HOST (default 127.0.0.1:11434), read the way Ollama reads OLLAMA_HOST.
 
     Accepts `host`, `host:port`, `:port`, `[::1]:port` and `http://host:port`.
     """
-    value = os.environ.get("PLUGD_HOST", "").strip() or "127.0.0.1"
+    value = environ.get("PLUGD_HOST", "").strip() or "127.0.0.1"
     if "://" not in value:
         value = "http://" + value
     parts = urlsplit(value)
     try:
         port = parts.port
     except ValueError:
-        raise ValueError(f"invalid PLUGD_HOST {os.environ.get('PLUGD_HOST')!r}: bad port") from None
+        raise ValueError(f"invalid PLUGD_HOST {environ.get('PLUGD_HOST')!r}: bad port") from None
     return parts.hostname or "127.0.0.1", port if port is not None else DEFAULT_PORT
 
 
@@ -87,6 +95,55 @@ def daemon_url() -> str:
     return f"http://{host}:{port}"
 
 
-def client_renderer_names() -> list[str]:
-    """The client renderer plugins the user enabled, from PLUGD_CLIENT_RENDERERS (comma-separated names)."""
-    return [name.strip() for name in os.environ.get("PLUGD_CLIENT_RENDERERS", "").split(",") if name.strip()]
+def _names(value: str | None) -> tuple[str, ...]:
+    return tuple(name.strip() for name in (value or "").split(",") if name.strip())
+
+
+def _number(name: str, value: str | None, kind: type, default: float | None) -> float | None:
+    value = (value or "").strip()
+    if not value:
+        return default
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"invalid {name} {value!r}: expected {'a whole number' if kind is int else 'a number'}") \
+            from None
+
+
+@define(frozen=True, kw_only=True)
+class Settings:
+    """What the daemon runs with (ENVIRONMENT says what each means); the defaults are those of a bare environment."""
+
+    address: tuple[str, int] = ("127.0.0.1", DEFAULT_PORT)
+    models: Path = field(factory=lambda: Path.home() / ".plugd" / "models")
+    prune: bool = True
+    keep_alive: str = "5m"
+    max_loaded_models: float = math.inf
+    max_queue: int = 512
+    context_length: int | None = None
+    load_timeout: float = 600.0
+    runner_timeout: float = 120.0
+    log_level: str = "INFO"
+    origins: tuple[str, ...] = ()
+    cache_policy: str | None = None
+    client_renderers: tuple[str, ...] = ()
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> Settings:
+        """The settings the environment gives; ValueError naming the variable for one that cannot be read."""
+        return cls(
+            address=daemon_address(environ),
+            models=Path(environ.get("PLUGD_MODELS") or Path.home() / ".plugd" / "models").expanduser(),
+            prune=not environ.get("PLUGD_NOPRUNE"),
+            keep_alive=environ.get("PLUGD_KEEP_ALIVE") or "5m",
+            max_loaded_models=(_number("PLUGD_MAX_LOADED_MODELS", environ.get("PLUGD_MAX_LOADED_MODELS"), int, 0)
+                               or math.inf),
+            max_queue=_number("PLUGD_MAX_QUEUE", environ.get("PLUGD_MAX_QUEUE"), int, 512),
+            context_length=_number("PLUGD_CONTEXT_LENGTH", environ.get("PLUGD_CONTEXT_LENGTH"), int, None),
+            load_timeout=_number("PLUGD_LOAD_TIMEOUT", environ.get("PLUGD_LOAD_TIMEOUT"), float, 600.0),
+            runner_timeout=_number("PLUGD_RUNNER_TIMEOUT", environ.get("PLUGD_RUNNER_TIMEOUT"), float, 120.0),
+            log_level=(environ.get("PLUGD_LOG_LEVEL") or "INFO").upper(),
+            origins=_names(environ.get("PLUGD_ORIGINS")),
+            cache_policy=environ.get("PLUGD_CACHE_POLICY") or None,
+            client_renderers=_names(environ.get("PLUGD_CLIENT_RENDERERS")),
+        )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import attrs
@@ -42,12 +41,13 @@ _GENERATION_CONFIG = {"temperature": "temperature", "top_k": "top_k", "top_p": "
 
 
 def resolve_options(generation_config: dict[str, Any], parameters: dict[str, Any], request: dict[str, Any] | None,
-                    context_length: int | None) -> Options:
-    """Every option set, later sources winning; num_ctx capped at the model's trained context length, and None
-    when no source sets it (the scheduler then sizes the model's context to memory)."""
+                    context_length: int | None, default_num_ctx: int | None = None) -> Options:
+    """Every option set, later sources winning (the first: `default_num_ctx`, PLUGD_CONTEXT_LENGTH); num_ctx capped
+    at the model's trained context length, and None when no source sets it (the scheduler then sizes the model's
+    context to memory)."""
     merged = dict(DEFAULTS)
-    if env_ctx := os.environ.get("PLUGD_CONTEXT_LENGTH"):
-        merged["num_ctx"] = int(env_ctx)
+    if default_num_ctx is not None:
+        merged["num_ctx"] = default_num_ctx
     merged |= {ours: generation_config[theirs] for theirs, ours in _GENERATION_CONFIG.items()
                if isinstance(generation_config.get(theirs), (int, float))}
     merged |= parameters

@@ -6,7 +6,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -39,7 +39,7 @@ from plugd.rendering import check_conversation
 from plugd.scheduler.durations import parse_keep_alive
 from plugd.scheduler.runner_client import RunnerProcess, RunnerRejected
 from plugd.scheduler.scheduler import Scheduler
-from plugd.settings import client_renderer_names
+from plugd.settings import Settings
 from plugd.store.names import ModelName
 from plugd.store.store import Store
 from plugd.types import Message, Options, Prompt, Tool, unstructure
@@ -52,6 +52,7 @@ class Services:
     store: Store
     registry: Registry
     scheduler: Scheduler
+    settings: Settings
 
 
 def _conversation(model: ResolvedModel, request: ChatRequest) -> list[Message]:
@@ -81,7 +82,7 @@ def _renderer(services: Services, model: ResolvedModel, request: ChatRequest) ->
     if renderer is None:
         raise InvalidRequest(f"model '{model.name}' uses renderer {name!r}, which no installed plugin provides")
     client = ClientRequest(request.dialect, request.headers, model.model_files, request.messages)
-    for client_renderer in enabled_client_renderers(services.registry):
+    for client_renderer in enabled_client_renderers(services.registry, services.settings.client_renderers):
         if client_renderer.claims(client):
             return lambda render_request: client_renderer.render(render_request, renderer.render)  # noqa: B023
     return renderer.render
@@ -207,14 +208,14 @@ class _Prepared:
 async def _prepared(services: Services, request: ChatRequest) -> _Prepared:
     """The request checked, its model resolved and its options merged: all that can fail before a model loads."""
     try:
-        keep_alive = parse_keep_alive(request.keep_alive)
+        keep_alive = parse_keep_alive(services.settings.keep_alive if request.keep_alive is None else request.keep_alive)
         check_conversation(request.messages, request.tools)
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
     model = await anyio.to_thread.run_sync(resolve, services.store, services.registry, ModelName.parse(request.model))
     try:
         options = resolve_options(model.generation_config, model.parameters, request.options,
-                                  model.config.get("context_length"))
+                                  model.config.get("context_length"), services.settings.context_length)
     except ValueError as exc:
         raise InvalidRequest(f"invalid options: {exc}") from None
     return _Prepared(model, options, keep_alive)
@@ -383,10 +384,10 @@ def _logprob(event: TokenEvent, token_text: Callable[[int], str]) -> dict[str, A
     }
 
 
-def enabled_client_renderers(registry: Registry) -> list[ClientRenderer]:
-    """The client renderers named in PLUGD_CLIENT_RENDERERS, in that order (unknown names are skipped)."""
+def enabled_client_renderers(registry: Registry, names: Sequence[str]) -> list[ClientRenderer]:
+    """The client renderers `names` (PLUGD_CLIENT_RENDERERS) names, in that order (unknown names are skipped)."""
     available = {r.name: r for r in registry.items.get("plugd_client_renderers", [])}
-    return [available[name] for name in client_renderer_names() if name in available]
+    return [available[name] for name in names if name in available]
 
 
 __all__ = ["ChatRequest", "ContextExceeded", "Delta", "Final", "InvalidRequest", "Prefill", "Queued", "Services",

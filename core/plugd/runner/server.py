@@ -251,12 +251,13 @@ def _exit_with_the_daemon(interval: float = 1.0) -> None:
     threading.Thread(target=watch, name="plugd-daemon-watch", daemon=True).start()
 
 
-def main(model_dir: str, socket_path: str, config: str) -> int:
-    logging.basicConfig(level=os.environ.get("PLUGD_LOG_LEVEL", "INFO").upper(), stream=sys.stderr,
+def main(model_dir: str, socket_path: str, config_json: str) -> int:
+    config = RunnerConfig.from_json(config_json)
+    logging.basicConfig(level=config.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s runner[%(process)d]: %(message)s")
     _exit_with_the_daemon()
     try:
-        host = ModelHost(Path(model_dir), RunnerConfig.from_json(config))
+        host = ModelHost(Path(model_dir), config)
     except Exception as exc:  # the daemon reads this last line as the load error
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return CHECKPOINT_REFUSED if isinstance(exc, CheckpointError) else 1

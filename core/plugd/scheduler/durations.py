@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import math
-import os
 import re
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-DEFAULT_KEEP_ALIVE = "5m"
 
 
-def parse_keep_alive(value: str | int | float | None) -> float:
+def parse_keep_alive(value: str | int | float) -> float:
     """Seconds to keep a model loaded after its last request; math.inf for a negative value."""
-    if value is None:
-        value = os.environ.get("PLUGD_KEEP_ALIVE") or DEFAULT_KEEP_ALIVE
     if isinstance(value, bool):
         raise ValueError(f"invalid keep_alive {value!r}")
     if isinstance(value, (int, float)):

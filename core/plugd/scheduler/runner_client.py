@@ -23,12 +23,6 @@ from plugd.scratch import scratch_prefix
 from plugd.types import unstructure
 
 log = logging.getLogger(__name__)
-LOAD_TIMEOUT = float(os.environ.get("PLUGD_LOAD_TIMEOUT", "600"))
-# A runner writes at least once per prefill chunk and per generated token, and answers a status call at once; one
-# silent for longer is wedged (stopped, deadlocked, swapping): it is killed, its requests fail saying so, and the
-# next request loads the model again.
-PROGRESS_TIMEOUT = float(os.environ.get("PLUGD_RUNNER_TIMEOUT", "120"))
-STATUS_TIMEOUT = min(10.0, PROGRESS_TIMEOUT)
 
 
 class RunnerError(PlugdError, RuntimeError):
@@ -72,11 +66,20 @@ def runner_env() -> dict[str, str]:
 
 
 class RunnerProcess:
-    """One `plugd runner` child. `start` and `close` are serialised; once closing has begun, start refuses."""
+    """One `plugd runner` child. `start` and `close` are serialised; once closing has begun, start refuses.
 
-    def __init__(self, files: dict[str, Path], config: RunnerConfig):
+    It may take `load_timeout` seconds to load. Loaded, it writes at least once per prefill chunk and per
+    generated token, and answers a status call at once; one silent for `progress_timeout` seconds (a status call:
+    10 at most) is wedged (stopped, deadlocked, swapping): it is killed, its requests fail saying so, and the next
+    request loads the model again.
+    """
+
+    def __init__(self, files: dict[str, Path], config: RunnerConfig, load_timeout: float = 600.0,
+                 progress_timeout: float = 120.0):
         self.files = files
         self.config = config
+        self.load_timeout, self.progress_timeout = load_timeout, progress_timeout
+        self.status_timeout = min(10.0, progress_timeout)
         self.workdir = Path(tempfile.mkdtemp(prefix=scratch_prefix("runner")))
         self.socket = self.workdir / "runner.sock"
         self.log_path = self.workdir / "runner.log"
@@ -85,7 +88,7 @@ class RunnerProcess:
         self._lock = asyncio.Lock()
         self.http = httpx.AsyncClient(
             transport=httpx.AsyncHTTPTransport(uds=str(self.socket)), base_url="http://runner",
-            timeout=httpx.Timeout(30.0, read=PROGRESS_TIMEOUT),
+            timeout=httpx.Timeout(30.0, read=progress_timeout),
         )
 
     def _model_dir(self) -> Path:
@@ -108,9 +111,9 @@ class RunnerProcess:
                     stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=runner_env(),
                 )
             try:
-                await asyncio.wait_for(self._wait_ready(), LOAD_TIMEOUT)
+                await asyncio.wait_for(self._wait_ready(), self.load_timeout)
             except TimeoutError:
-                raise RunnerError(f"model did not load within {LOAD_TIMEOUT:.0f}s") from None
+                raise RunnerError(f"model did not load within {self.load_timeout:.0f}s") from None
 
     async def _wait_ready(self) -> None:
         while True:
@@ -170,7 +173,7 @@ class RunnerProcess:
         try:
             response = await self.http.post(path, json=body)
         except httpx.ReadTimeout:
-            raise self._stop_wedged(PROGRESS_TIMEOUT) from None
+            raise self._stop_wedged(self.progress_timeout) from None
         except httpx.TransportError:
             raise RunnerError(self.failure() if self.process.returncode is not None else "runner unreachable") from None
         if response.status_code == 400:
@@ -181,9 +184,9 @@ class RunnerProcess:
 
     async def status(self) -> dict[str, Any]:
         try:
-            return (await self.http.get("/status", timeout=STATUS_TIMEOUT)).json()
+            return (await self.http.get("/status", timeout=self.status_timeout)).json()
         except httpx.TimeoutException:
-            raise self._stop_wedged(STATUS_TIMEOUT) from None
+            raise self._stop_wedged(self.status_timeout) from None
 
     async def completion(self, body: Completion) -> AsyncIterator[PrefillEvent | TokenEvent | DoneEvent]:
         """The runner's events for `body`; a failure it reports, or a runner that dies mid-stream, raises
@@ -200,7 +203,7 @@ class RunnerProcess:
                             raise RunnerError(event.error)
                         yield event
         except httpx.ReadTimeout:
-            raise self._stop_wedged(PROGRESS_TIMEOUT) from None
+            raise self._stop_wedged(self.progress_timeout) from None
         except (httpx.TransportError, ValueError):
             await asyncio.sleep(0.05)  # let the exit status arrive so the message can say what happened
             raise RunnerError(

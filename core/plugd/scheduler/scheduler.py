@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -22,6 +21,7 @@ from plugd.plugins import Registry
 from plugd.protocol import RunnerConfig
 from plugd.scheduler import memory
 from plugd.scheduler.runner_client import RunnerError, RunnerProcess
+from plugd.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +67,9 @@ class Runner(Protocol):
 RunnerFactory = Callable[[ResolvedModel, RunnerConfig], Runner]
 
 
-def spawn_runner(model: ResolvedModel, config: RunnerConfig) -> RunnerProcess:
-    """A runner process for `model`, started with `config`."""
-    return RunnerProcess(model.files, config)
+def runner_processes(settings: Settings) -> RunnerFactory:
+    """Runner processes for models, with the settings' timeouts."""
+    return lambda model, config: RunnerProcess(model.files, config, settings.load_timeout, settings.runner_timeout)
 
 
 @define(eq=False)
@@ -92,15 +92,16 @@ class Loaded:
 
 
 class Scheduler:
-    def __init__(self, registry: Registry, runner_factory: RunnerFactory = spawn_runner):
+    def __init__(self, registry: Registry, settings: Settings, runner_factory: RunnerFactory | None = None):
         self.registry = registry
-        self.runner_factory = runner_factory
-        self.cache_policy = chosen_policy(registry.named("plugd_cache_policies"))
-        self.max_loaded = int(os.environ.get("PLUGD_MAX_LOADED_MODELS") or 0) or math.inf
+        self.settings = settings
+        self.runner_factory = runner_factory or runner_processes(settings)
+        self.cache_policy = chosen_policy(registry.named("plugd_cache_policies"), settings.cache_policy)
+        self.max_loaded = settings.max_loaded_models
         self.device_limit: int | None = None  # the GPU's working set, once a runner has reported it
         self.float_bytes = memory.guessed_float_bytes()  # the runners' compute dtype, as the first one reports it
         self.device_known = False  # whether a runner has reported both
-        self.max_queue = int(os.environ.get("PLUGD_MAX_QUEUE") or 512)
+        self.max_queue = settings.max_queue
         self.loaded: dict[str, Loaded] = {}  # by manifest digest
         self.waiting = 0
         self.changed = asyncio.Condition()  # guards `loaded` and each entry's counters
@@ -219,7 +220,7 @@ class Scheduler:
                 cache_budget = self._cache_budget(needed)
             engines = {engine.name: engine.factory for engine in self.registry.items.get("plugd_grammar_engines", [])}
             config = RunnerConfig(model.require_architecture().module, self.cache_policy.factory, cache_budget,
-                                  engines)
+                                  engines, self.settings.log_level)
             entry = Loaded(model=model, runner=self.runner_factory(model, config), num_ctx=context,
                            size=needed, sized=num_ctx is None, cache_budget=cache_budget or 0,
                            growth=caches + (cache_budget or 0))

@@ -15,6 +15,7 @@ from plugd.server import anthropic, ollama, ollama_generate, ollama_registry, op
 from plugd.server.cors import cors_config
 from plugd.server.errors import failure_body
 from plugd.server.openapi import describe_bodies_and_errors
+from plugd.settings import Settings
 from plugd.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -34,8 +35,9 @@ def _error_response(request: Request, exc: Exception) -> Response[Any]:
     return Response(body, status_code=status, headers=headers)
 
 
-def create_app(store: Store, registry: Registry) -> Litestar:
-    services = Services(store=store, registry=registry, scheduler=Scheduler(registry))
+def create_app(store: Store, registry: Registry, settings: Settings | None = None) -> Litestar:
+    settings = settings or Settings.from_environment()
+    services = Services(store=store, registry=registry, scheduler=Scheduler(registry, settings), settings=settings)
     if not registry.architectures():
         log.warning("no architecture plugin is installed: models can be pulled and listed, not created or run")
     app = Litestar(
@@ -44,7 +46,7 @@ def create_app(store: Store, registry: Registry) -> Litestar:
         state=State({"services": services}),
         exception_handlers={Exception: _error_response},
         request_max_body_size=MAX_REQUEST_BYTES,
-        cors_config=cors_config(),
+        cors_config=cors_config(settings.origins),
         on_shutdown=[services.scheduler.shutdown],
         logging_config=None,
     )

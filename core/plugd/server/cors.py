@@ -6,8 +6,6 @@ hides the answer from the page, and a "simple" cross-origin POST (text/plain, no
 
 from __future__ import annotations
 
-import os
-
 from litestar.config.cors import CORSConfig
 from litestar.types import ASGIApp, Receive, Scope, Send
 
@@ -17,14 +15,14 @@ LOCAL_HOSTS = ("localhost", "127.0.0.1", "0.0.0.0")
 APP_SCHEMES = ("app", "file", "tauri", "vscode-webview", "vscode-file")
 
 
-def allowed_origins() -> list[str]:
-    added = [origin.strip() for origin in os.environ.get("PLUGD_ORIGINS", "").split(",") if origin.strip()]
+def allowed_origins(added: tuple[str, ...] = ()) -> list[str]:
+    """Ollama's default origins, and `added` (PLUGD_ORIGINS)."""
     local = [f"{scheme}://{host}{port}" for host in LOCAL_HOSTS for scheme in ("http", "https") for port in ("", ":*")]
-    return added + local + [f"{scheme}://*" for scheme in APP_SCHEMES]
+    return [*added, *local, *(f"{scheme}://*" for scheme in APP_SCHEMES)]
 
 
-def cors_config() -> CORSConfig:
-    return CORSConfig(allow_origins=allowed_origins(), allow_methods=["*"], allow_headers=["*"])
+def cors_config(added: tuple[str, ...] = ()) -> CORSConfig:
+    return CORSConfig(allow_origins=allowed_origins(added), allow_methods=["*"], allow_headers=["*"])
 
 
 def origin_guard(app: ASGIApp, config: CORSConfig) -> ASGIApp:

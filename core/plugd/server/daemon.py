@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import ipaddress
 import logging
-import os
 import socket
 import sys
 
@@ -16,7 +15,7 @@ from plugd.scratch import remove_orphans
 from plugd.server.app import create_app
 from plugd.server.cors import cors_config, origin_guard
 from plugd.server.hosts import loopback_host_guard
-from plugd.settings import daemon_address
+from plugd.settings import Settings
 from plugd.store.owner import StoreInUse, StoreOwner
 from plugd.store.store import Store
 
@@ -34,14 +33,19 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def serve() -> int:
+    try:
+        settings = Settings.from_environment()
+    except ValueError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
     logging.basicConfig(
-        level=os.environ.get("PLUGD_LOG_LEVEL", "INFO").upper(),
+        level=settings.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     for noisy in ("httpx", "httpcore"):  # the daemon's own calls to its runners and registries
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    host, port = daemon_address()
+    host, port = settings.address
     try:
         sock = _bind(host, port)
     except OSError as exc:
@@ -50,7 +54,7 @@ def serve() -> int:
         return 1
     if orphans := remove_orphans():
         log.info("removed %d scratch folders of daemons that are gone", len(orphans))
-    store = Store()
+    store = Store(settings.models)
     try:
         owner = StoreOwner(store.root)
         owner.claim(f"{host}:{port}")
@@ -58,13 +62,13 @@ def serve() -> int:
         sock.close()
         print(f"Error: {exc}", file=sys.stderr)
         return 1
-    if os.environ.get("PLUGD_NOPRUNE"):
-        store.blobs.remove_partials()
-    else:
+    if settings.prune:
         store.prune()
+    else:
+        store.blobs.remove_partials()
     registry = plugins.load()
     log.info("models in %s; plugins: %s", store.root, ", ".join(f"{p.name} ({p.status})" for p in registry.plugins))
-    app = origin_guard(create_app(store, registry), cors_config())
+    app = origin_guard(create_app(store, registry, settings), cors_config(settings.origins))
     if ipaddress.ip_address(sock.getsockname()[0]).is_loopback:
         app = loopback_host_guard(app)
     # plugd names itself in every response's Server header (/api/version reports the Ollama API version instead).

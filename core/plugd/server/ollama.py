@@ -130,7 +130,7 @@ async def ps(request: Request) -> dict[str, Any]:
 
 async def _status(runner: RunnerProcess) -> dict[str, Any]:
     """The runner's status (its device, its prompt cache's figures); empty while it cannot answer (one that
-    answers nothing within STATUS_TIMEOUT is killed as wedged)."""
+    answers nothing within its status timeout is killed as wedged)."""
     try:
         return await runner.status()
     except (httpx.HTTPError, ValueError, RunnerError):
