@@ -127,6 +127,8 @@ class MessageStream(StreamFormat):
     from firing during a long prefill), each block's start/deltas/stop, message_delta with the stop reason and
     usage, message_stop; a failure once the stream has begun is an error event."""
 
+    dialect = "anthropic"
+
     def __init__(self, model: str, hide_thinking: bool):
         super().__init__("/v1/messages")
         self.model = model

@@ -1,10 +1,14 @@
-"""Error bodies in the shape of the dialect a path belongs to: Ollama, OpenAI or Anthropic."""
+"""Error bodies in each dialect's shape: Ollama's, OpenAI's or Anthropic's.
+
+Each dialect's router answers its routes' failures in its own shape (plugd.server.app). Only what answers before
+any route is chosen (the host and origin guards, a path no route has) goes by the path (`dialect_of`).
+"""
 
 from __future__ import annotations
 
 import errno
 import json
-from typing import Any
+from typing import Any, Literal
 
 from litestar.exceptions import HTTPException
 from litestar.types import Send
@@ -28,16 +32,20 @@ def status_of(exc: Exception) -> tuple[int, str]:
     return (exc.status if isinstance(exc, PlugdError) else 500), str(exc) or type(exc).__name__
 
 
-def failure_body(path: str, exc: Exception) -> tuple[int, dict[str, Any]]:
-    """The status and the error object of the dialect serving `path` that a failure answers with: as the response,
-    or as a stream's error event once the stream has begun."""
+def failure_body(dialect: Dialect, path: str, exc: Exception) -> tuple[int, dict[str, Any]]:
+    """The status and the error object `dialect` answers a failure of `path` with: as the response, or as a
+    stream's error event once the stream has begun."""
     if isinstance(exc, ContextExceeded):
-        return 400, context_exceeded_body(path, exc)
+        return 400, context_exceeded_body(dialect, path, exc)
     status, message = status_of(exc)
-    return status, error_body(path, status, message)
+    return status, error_body(dialect, status, message)
 
 
-def dialect_of(path: str) -> str:
+Dialect = Literal["ollama", "openai", "anthropic"]
+
+
+def dialect_of(path: str) -> Dialect:
+    """The dialect whose routes `path` would be among."""
     if path.startswith("/v1/messages"):
         return "anthropic"
     if path.startswith("/v1/"):
@@ -45,9 +53,8 @@ def dialect_of(path: str) -> str:
     return "ollama"
 
 
-def error_body(path: str, status: int, message: str) -> dict[str, Any]:
-    """The error object a client of the dialect serving `path` parses as an error of its own kind."""
-    dialect = dialect_of(path)
+def error_body(dialect: Dialect, status: int, message: str) -> dict[str, Any]:
+    """The error object a client of `dialect` parses as an error of its own kind."""
     if dialect == "openai":
         return {"error": {"message": message, "type": _OPENAI_TYPES.get(status, "server_error"), "param": None,
                           "code": None}}
@@ -58,7 +65,7 @@ def error_body(path: str, status: int, message: str) -> dict[str, Any]:
 
 async def send_error(send: Send, path: str, status: int, message: str) -> None:
     """Answer an HTTP request with `error_body`, from ASGI middleware that runs before the app routes it."""
-    body = json.dumps(error_body(path, status, message)).encode()
+    body = json.dumps(error_body(dialect_of(path), status, message)).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
@@ -68,12 +75,12 @@ async def send_error(send: Send, path: str, status: int, message: str) -> None:
 _OPENAI_PROMPT_PARAMS = {"/v1/completions": "prompt", "/v1/responses": "input"}
 
 
-def context_exceeded_body(path: str, exc: ContextExceeded) -> dict[str, Any]:
+def context_exceeded_body(dialect: Dialect, path: str, exc: ContextExceeded) -> dict[str, Any]:
     """A prompt over the context, worded as the real API words it, so that clients that parse it react (Claude
-    Code compacts on Anthropic's "prompt is too long"; OpenAI clients read the code context_length_exceeded)."""
-    dialect = dialect_of(path)
+    Code compacts on Anthropic's "prompt is too long"; OpenAI clients read the code context_length_exceeded).
+    `path` says which OpenAI endpoint, each naming the prompt's part of the request its own way."""
     if dialect == "anthropic":
-        return error_body(path, 400, f"prompt is too long: {exc.prompt_tokens} tokens > {exc.limit} maximum")
+        return error_body(dialect, 400, f"prompt is too long: {exc.prompt_tokens} tokens > {exc.limit} maximum")
     if dialect == "openai":
         param = _OPENAI_PROMPT_PARAMS.get(path, "messages")
         part = "prompt" if param == "prompt" else "messages"
@@ -81,7 +88,7 @@ def context_exceeded_body(path: str, exc: ContextExceeded) -> dict[str, Any]:
                    f"resulted in {exc.prompt_tokens} tokens. Please reduce the length of the {part}.")
         if param == "input":  # the Responses API words it without the figures
             message = "Your input exceeds the context window of this model. Please adjust your input and try again."
-        body = error_body(path, 400, message)
+        body = error_body(dialect, 400, message)
         body["error"] |= {"param": param, "code": "context_length_exceeded"}
         return body
-    return error_body(path, 400, str(exc))
+    return error_body(dialect, 400, str(exc))

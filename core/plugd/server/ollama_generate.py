@@ -152,6 +152,8 @@ class _LineStream(StreamFormat):
     begun is an `{"error": ...}` line, which Ollama's clients raise. NDJSON has no comments: nothing is written
     while the request waits, or for a prefill chunk."""
 
+    dialect = "ollama"
+
     media_type = NDJSON
 
     def __init__(self, path: str, kind: str, model: str):

@@ -23,6 +23,8 @@ class _ChunkStream(StreamFormat):
     """Chat or text completion chunks as server-sent events, ending with [DONE]. The opening chunk (chat's role
     delta) goes out as the prefill starts; a failure once the stream has begun is an error event."""
 
+    dialect = "openai"
+
     def __init__(self, path: str, writer: Writer):
         super().__init__(path)
         self.writer = writer

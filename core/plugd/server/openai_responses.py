@@ -288,6 +288,8 @@ class ResponseStream(StreamFormat):
     context_length_exceeded and the Responses API's words for it (Codex takes that code as final, where it resends
     a server_error)."""
 
+    dialect = "openai"
+
     def __init__(self, builder: ResponseBuilder):
         super().__init__("/v1/responses")
         self.builder = builder

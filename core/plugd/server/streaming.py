@@ -18,7 +18,7 @@ from litestar import Request, Response
 from plugd.chat import pipeline
 from plugd.chat.pipeline import ChatRequest, Delta, Final, Prefill, Queued
 from plugd.server.disconnect import unless_disconnected
-from plugd.server.errors import failure_body
+from plugd.server.errors import Dialect, failure_body
 from plugd.server.sse import SSE, sse_comment, streamed
 
 log = logging.getLogger(__name__)
@@ -27,9 +27,10 @@ Event = Queued | Prefill | Delta | Final
 
 
 class StreamFormat(ABC):
-    """One dialect's stream: the bytes for each pipeline event."""
+    """One dialect's stream of one route (`path`): the bytes for each pipeline event."""
 
     media_type = SSE
+    dialect: Dialect
 
     def __init__(self, path: str):
         self.path = path
@@ -80,7 +81,7 @@ async def write_stream(stream: StreamFormat, first: Event, events: AsyncIterator
             event = await anext(events)
         yield stream.closing(event)
     except Exception as exc:  # noqa: BLE001 - every failure becomes the dialect's error event
-        status, body = failure_body(stream.path, exc)
+        status, body = failure_body(stream.dialect, stream.path, exc)
         log.log(logging.ERROR if status >= 500 else logging.INFO, "%s failed mid-stream: %s", stream.path, exc)
         yield stream.failure(status, body, exc)
     finally:
