@@ -219,6 +219,19 @@ def plugd_server(models: Path, model_dir: Path, name: str) -> Iterator[LiveServe
                 pass
 
 
+@contextmanager
+def tiny_model_server(root: Path, parameters: str = "") -> Iterator[LiveServer]:
+    """A `plugd serve` holding model "m": a tiny random qwen3 checkpoint, with these Modelfile lines."""
+    checkpoint = write_checkpoint(root / "tiny", "qwen3")
+    server = LiveServer(root / "models")
+    try:
+        (root / "Modelfile").write_text(f"FROM {checkpoint}\n{parameters}")
+        server.cli("create", "m", "-f", str(root / "Modelfile"), check=True)
+        yield server
+    finally:
+        server.stop()
+
+
 def plugd_generate(url: str, model: str, prompt: str, options: dict[str, Any], on_token=None) -> dict[str, Any]:
     """Stream /api/generate (raw); the final line plus client-side times: first token, last token, done."""
     body = {"model": model, "prompt": prompt, "raw": True, "stream": True, "options": options}

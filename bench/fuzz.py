@@ -11,9 +11,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from plugd.testing.checkpoints import write_checkpoint
+from benchlib import tiny_model_server
+
 from plugd.testing.fuzz import fuzz
-from plugd.testing.server import LiveServer
 
 
 def main() -> None:
@@ -21,18 +21,10 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=200, help="cases per operation at most")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as scratch:
-        root = Path(scratch)
-        checkpoint = write_checkpoint(root / "tiny", "qwen3")
-        server = LiveServer(root / "models")
-        try:
-            (root / "Modelfile").write_text(f"FROM {checkpoint}\nPARAMETER num_predict 2\n")
-            server.cli("create", "m", "-f", str(root / "Modelfile"), check=True)
-            started = time.perf_counter()
-            run = fuzz(server.url, args.examples, args.seed, timeout=6 * 3600)
-            seconds = time.perf_counter() - started
-        finally:
-            server.stop()
+    with tempfile.TemporaryDirectory() as scratch, tiny_model_server(Path(scratch), "PARAMETER num_predict 2\n") as server:
+        started = time.perf_counter()
+        run = fuzz(server.url, args.examples, args.seed, timeout=6 * 3600)
+        seconds = time.perf_counter() - started
     print(f"requests sent: {run.requests}, server errors: {run.server_errors}, "
           f"schemathesis exit status: {run.returncode}, {seconds:.0f} s")
     if run.returncode:

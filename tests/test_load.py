@@ -7,7 +7,6 @@ import asyncio
 import pytest
 
 from plugd.testing.load import load_round, settled_figures
-from plugd.testing.server import LiveServer
 
 CLIENTS = 64
 MEASURED_ROUNDS = 3
@@ -16,14 +15,8 @@ GROWTH_ALLOWED = 2 << 20
 
 
 @pytest.fixture
-def server(tmp_path, tiny_qwen3):
-    server = LiveServer(tmp_path / "models")
-    try:
-        (tmp_path / "Modelfile").write_text(f"FROM {tiny_qwen3}\n")
-        assert server.cli("create", "m", "-f", str(tmp_path / "Modelfile")).returncode == 0
-        yield server
-    finally:
-        server.stop()
+def server(modelfile_server, tiny_qwen3):
+    return modelfile_server({"m": f"FROM {tiny_qwen3}\n"})
 
 
 def test_concurrent_streams_with_disconnects_leave_nothing_behind(server):

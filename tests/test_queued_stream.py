@@ -13,8 +13,6 @@ import threading
 import httpx
 import pytest
 
-from plugd.testing.server import LiveServer
-
 WAITING = {
     "/api/chat": {"messages": [{"role": "user", "content": "Hi"}], "options": {"num_predict": 3}},
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": True},
@@ -26,14 +24,8 @@ LAST = {"/api/chat": '"done": true', "/v1/chat/completions": "data: [DONE]",
 
 
 @pytest.fixture
-def server(tmp_path, tiny_qwen3):
-    server = LiveServer(tmp_path / "models")
-    try:
-        (tmp_path / "Modelfile").write_text(f"FROM {tiny_qwen3}\nPARAMETER temperature 0\n")
-        assert server.cli("create", "m", "-f", str(tmp_path / "Modelfile")).returncode == 0
-        yield server
-    finally:
-        server.stop()
+def server(modelfile_server, tiny_qwen3):
+    return modelfile_server({"m": f"FROM {tiny_qwen3}\nPARAMETER temperature 0\n"})
 
 
 class Waiter(threading.Thread):

@@ -11,20 +11,12 @@ import time
 import httpx
 import pytest
 
-from plugd.testing.server import LiveServer
-
 TIMEOUT = 3
 
 
 @pytest.fixture
-def server(tmp_path, tiny_qwen3):
-    server = LiveServer(tmp_path / "models", env={"PLUGD_RUNNER_TIMEOUT": str(TIMEOUT)})
-    try:
-        (tmp_path / "Modelfile").write_text(f"FROM {tiny_qwen3}\n")
-        assert server.cli("create", "m", "-f", str(tmp_path / "Modelfile")).returncode == 0
-        yield server
-    finally:
-        server.stop()
+def server(modelfile_server, tiny_qwen3):
+    return modelfile_server({"m": f"FROM {tiny_qwen3}\n"}, env={"PLUGD_RUNNER_TIMEOUT": str(TIMEOUT)})
 
 
 def test_a_stopped_runner_is_killed_and_replaced(server):
