@@ -8,7 +8,7 @@ from typing import Any
 from litestar import Request, post
 
 from plugd.chat import pipeline
-from plugd.chat.pipeline import Delta, Final
+from plugd.chat.pipeline import Delta, Final, Services
 from plugd.server.anthropic_request import (
     ConversationBody,
     MessagesBody,
@@ -26,7 +26,7 @@ def _headers(request: Request) -> dict[str, str]:
 
 
 @post("/v1/messages", status_code=200)
-async def messages(request: Request) -> Any:
+async def messages(request: Request, services: Services) -> Any:
     body = await read_body(request, MessagesBody)
     chat = messages_request(body, _headers(request))
     hidden = thinking_hidden(body)
@@ -34,14 +34,14 @@ async def messages(request: Request) -> Any:
     async def whole(first: Delta | Final, events: AsyncIterator[Delta | Final]) -> dict[str, Any]:
         return await whole_message(body.model, first, events, hidden)
 
-    return await respond(request, chat, MessageStream(body.model, hidden) if body.stream else None, whole)
+    return await respond(request, services, chat, MessageStream(body.model, hidden) if body.stream else None, whole)
 
 
 @post("/v1/messages/count_tokens", status_code=200)
-async def count_tokens(request: Request) -> dict[str, int]:
+async def count_tokens(request: Request, services: Services) -> dict[str, int]:
     body = await read_body(request, ConversationBody)
     chat = conversation_request(body, _headers(request))
-    return {"input_tokens": await pipeline.count_tokens(request.app.state.services, chat)}
+    return {"input_tokens": await pipeline.count_tokens(services, chat)}
 
 
 ROUTES = [messages, count_tokens]

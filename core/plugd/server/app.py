@@ -1,5 +1,5 @@
 """The Litestar application: a router per dialect, each answering its routes' failures in the dialect's error
-shape, and the state they share."""
+shape, and the Services (store, registry, scheduler, settings) every handler is given as a dependency."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from litestar import Litestar, Request, Response, Router
-from litestar.datastructures import State
+from litestar.di import Provide
 
 from plugd.chat.pipeline import Services
 from plugd.plugins import Registry
@@ -58,7 +58,7 @@ def create_app(store: Store, registry: Registry, settings: Settings | None = Non
             _dialect("openai", openai.ROUTES + openai_responses.ROUTES),
             _dialect("anthropic", anthropic.ROUTES),
         ],
-        state=State({"services": services}),
+        dependencies={"services": Provide(lambda: services, use_cache=True, sync_to_thread=False)},
         exception_handlers={Exception: _unrouted},
         request_max_body_size=MAX_REQUEST_BYTES,
         cors_config=cors_config(settings.origins),

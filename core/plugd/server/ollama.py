@@ -16,6 +16,7 @@ from cattrs.gen import make_dict_structure_fn, override
 from litestar import Request, Response, delete, get, head, post
 
 from plugd import __version__
+from plugd.chat.pipeline import Services
 from plugd.scheduler.runner_client import RunnerError, RunnerProcess
 from plugd.server.bodies import BadRequest, read_body
 from plugd.server.model_views import details, show_payload, tags_entry
@@ -24,7 +25,7 @@ from plugd.store.create import CreateRequest, create_model
 from plugd.store.integrity import damage
 from plugd.store.names import ModelName
 from plugd.store.ollama_format import config_view
-from plugd.store.store import CorruptModel, Store
+from plugd.store.store import CorruptModel
 from plugd.types import converter
 
 converter.register_structure_hook(
@@ -53,10 +54,6 @@ class CopyRequest:
     destination: str
 
 
-def _store(request: Request) -> Store:
-    return request.app.state.services.store
-
-
 @get("/", sync_to_thread=False, media_type="text/plain")
 def root() -> str:
     return "Ollama is running"
@@ -80,8 +77,8 @@ def version() -> dict[str, str]:
 
 
 @get("/api/tags")
-async def tags(request: Request) -> dict[str, Any]:
-    store = _store(request)
+async def tags(request: Request, services: Services) -> dict[str, Any]:
+    store = services.store
 
     def entries() -> list[dict[str, Any]]:
         out = []
@@ -99,8 +96,8 @@ async def tags(request: Request) -> dict[str, Any]:
 
 
 @get("/api/ps")
-async def ps(request: Request) -> dict[str, Any]:
-    scheduler = request.app.state.services.scheduler
+async def ps(request: Request, services: Services) -> dict[str, Any]:
+    scheduler = services.scheduler
     models = []
     entries = list(scheduler.loaded.values())
     statuses: list[dict[str, Any]] = [{}] * len(entries)
@@ -138,20 +135,20 @@ async def _status(runner: RunnerProcess) -> dict[str, Any]:
 
 
 @post("/api/show", status_code=200)
-async def show(request: Request) -> dict[str, Any]:
+async def show(request: Request, services: Services) -> dict[str, Any]:
     body = await read_body(request, ModelRequest)
-    store = _store(request)
+    store = services.store
     name = body.model_name()
-    registry = request.app.state.services.registry
+    registry = services.registry
     return await anyio.to_thread.run_sync(
         lambda: show_payload(store, store.get(name), verbose=body.verbose, registry=registry))
 
 
 @post("/api/verify", status_code=200)
-async def verify(request: Request) -> dict[str, Any]:
+async def verify(request: Request, services: Services) -> dict[str, Any]:
     """plugd's own: every blob of the named model (of all models without a name) hashed against its digest."""
     body = await read_body(request, ModelRequest)
-    store = _store(request)
+    store = services.store
 
     def check() -> list[dict[str, Any]]:
         models = [store.get(body.model_name())] if body.model or body.name else store.list()
@@ -161,18 +158,18 @@ async def verify(request: Request) -> dict[str, Any]:
 
 
 @post("/api/copy", status_code=200)
-async def copy(request: Request) -> None:
+async def copy(request: Request, services: Services) -> None:
     body = await read_body(request, CopyRequest)
     source, destination = ModelName.parse(body.source), ModelName.parse(body.destination)
-    store = _store(request)
+    store = services.store
     await anyio.to_thread.run_sync(store.copy, source, destination)
 
 
 @delete("/api/delete", status_code=200)
-async def delete_model(request: Request) -> None:
+async def delete_model(request: Request, services: Services) -> None:
     """Delete a model; its runner unloads too (once its requests finish) unless another name still refers to it."""
     body = await read_body(request, ModelRequest)
-    store = _store(request)
+    store = services.store
 
     def delete() -> str | None:
         digest = store.get(body.model_name()).manifest.digest()
@@ -180,18 +177,18 @@ async def delete_model(request: Request) -> None:
         return None if any(m.manifest.digest() == digest for m in store.list()) else digest
 
     if orphaned := await anyio.to_thread.run_sync(delete):
-        await request.app.state.services.scheduler.unload(orphaned)
+        await services.scheduler.unload(orphaned)
 
 
 @head("/api/blobs/{digest:str}")
-async def blob_exists(request: Request, digest: str) -> Response[None]:
-    exists = await anyio.to_thread.run_sync(_store(request).blobs.exists, digest)
+async def blob_exists(services: Services, digest: str) -> Response[None]:
+    exists = await anyio.to_thread.run_sync(services.store.blobs.exists, digest)
     return Response(None, status_code=200 if exists else 404)
 
 
 @post("/api/blobs/{digest:str}", request_max_body_size=None)
-async def upload_blob(request: Request, digest: str) -> Response[None]:
-    blobs = _store(request).blobs
+async def upload_blob(request: Request, services: Services, digest: str) -> Response[None]:
+    blobs = services.store.blobs
     if blobs.exists(digest):
         return Response(None, status_code=200)
     with blobs.writer(digest) as writer:
@@ -202,9 +199,9 @@ async def upload_blob(request: Request, digest: str) -> Response[None]:
 
 
 @post("/api/create", status_code=200)
-async def create(request: Request) -> Any:
+async def create(request: Request, services: Services) -> Any:
     body = await read_body(request, CreateRequest)
-    store, registry = _store(request), request.app.state.services.registry
+    store, registry = services.store, services.registry
     statuses: list[str] = []
     await anyio.to_thread.run_sync(lambda: create_model(store, registry, body, statuses.append))
     statuses.append("success")

@@ -11,7 +11,7 @@ from attrs import define, field
 from litestar import Request, Response, post
 
 from plugd.chat import pipeline
-from plugd.chat.pipeline import ChatRequest, Delta, Final, Prefill
+from plugd.chat.pipeline import ChatRequest, Delta, Final, Prefill, Services
 from plugd.media import base64_image
 from plugd.server.bodies import BadRequest, read_body
 from plugd.server.sse import NDJSON
@@ -183,9 +183,10 @@ def _line(item: dict[str, Any]) -> bytes:
     return json.dumps(item).encode() + b"\n"
 
 
-async def _respond(request: Request, kind: str, chat: ChatRequest, body: _GenerationBody) -> Any:
+async def _respond(request: Request, services: Services, kind: str, chat: ChatRequest,
+                   body: _GenerationBody) -> Any:
     if body._debug_render_only:
-        prompt = await pipeline.render_only(request.app.state.services, chat)
+        prompt = await pipeline.render_only(services, chat)
         out = _chunk(kind, chat.model, Delta()) | {"done": True}
         return Response(out | {"_debug_info": {"rendered_template": prompt.text, "image_count": len(prompt.media)}})
 
@@ -197,11 +198,11 @@ async def _respond(request: Request, kind: str, chat: ChatRequest, body: _Genera
         return out | _final_fields(final)
 
     stream = _LineStream(request.url.path, kind, chat.model) if body.stream else None
-    return await respond(request, chat, stream, whole)
+    return await respond(request, services, chat, stream, whole)
 
 
 @post("/api/generate", status_code=200)
-async def generate(request: Request) -> Any:
+async def generate(request: Request, services: Services) -> Any:
     body = await read_body(request, GenerateBody)
     if body.suffix:
         raise BadRequest(f"model '{body.model}' does not support insert")
@@ -215,15 +216,16 @@ async def generate(request: Request) -> Any:
                        raw_prompt=body.prompt if body.raw and body.prompt else None)
     if body.template:
         raise BadRequest("a per-request template is not supported; set TEMPLATE in a Modelfile")
-    return await _respond(request, "generate", chat, body)
+    return await _respond(request, services, "generate", chat, body)
 
 
 @post("/api/chat", status_code=200)
-async def chat(request: Request) -> Any:
+async def chat(request: Request, services: Services) -> Any:
     body = await read_body(request, ChatBody)
     tools = [Tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or []]
     messages = [_message(m) for m in body.messages]
-    return await _respond(request, "chat", ChatRequest(**_common(request, body), messages=messages, tools=tools), body)
+    chat_request = ChatRequest(**_common(request, body), messages=messages, tools=tools)
+    return await _respond(request, services, "chat", chat_request, body)
 
 
 ROUTES = [generate, chat]

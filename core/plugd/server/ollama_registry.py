@@ -17,6 +17,7 @@ import anyio
 from attrs import define
 from litestar import Request, Response, post
 
+from plugd.chat.pipeline import Services
 from plugd.hub.pull import pull_from_hub
 from plugd.hub.reference import is_hub_host
 from plugd.registry.errors import RegistryError
@@ -25,7 +26,6 @@ from plugd.registry.push import push_model
 from plugd.server.bodies import BadRequest, read_body
 from plugd.server.sse import NDJSON, streamed
 from plugd.store.names import ModelName
-from plugd.store.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -45,25 +45,21 @@ class TransferRequest:
         return ModelName.parse(self.model or self.name)
 
 
-def _store(request: Request) -> Store:
-    return request.app.state.services.store
-
-
 @post("/api/pull", status_code=200)
-async def pull(request: Request) -> Any:
+async def pull(request: Request, services: Services) -> Any:
     body = await read_body(request, TransferRequest)
-    name, store = body.model_name(), _store(request)
+    name, store = body.model_name(), services.store
     if is_hub_host(name.host):  # the name as typed: the Hub's repository names are case-sensitive
-        job = partial(pull_from_hub, store, request.app.state.services.registry, body.model or body.name)
+        job = partial(pull_from_hub, store, services.registry, body.model or body.name)
     else:
         job = partial(pull_model, store, name, insecure=body.insecure)
     return await _transfer(job, body.stream)
 
 
 @post("/api/push", status_code=200)
-async def push(request: Request) -> Any:
+async def push(request: Request, services: Services) -> Any:
     body = await read_body(request, TransferRequest)
-    store, name = _store(request), body.model_name()
+    store, name = services.store, body.model_name()
     if is_hub_host(name.host):
         raise BadRequest(f"plugd does not push to the Hugging Face Hub ({name.host}); upload a model directory "
                          "there with `hf upload`, or push to an OCI registry")

@@ -9,7 +9,7 @@ import anyio
 from litestar import Request, get, post
 
 from plugd.chat import pipeline
-from plugd.chat.pipeline import ChatRequest, Delta, Final, Prefill
+from plugd.chat.pipeline import ChatRequest, Delta, Final, Prefill, Services
 from plugd.server import openai_request
 from plugd.server.openai_output import ChatWriter, TextWriter, Writer
 from plugd.server.openai_request import ChatBody, CompletionBody
@@ -46,25 +46,25 @@ def _events(chunks: list[dict[str, Any]]) -> bytes:
     return b"".join(sse_event(chunk) for chunk in chunks)
 
 
-async def _respond(request: Request, chat: ChatRequest, writer: Writer, stream: bool) -> Any:
+async def _respond(request: Request, services: Services, chat: ChatRequest, writer: Writer, stream: bool) -> Any:
     async def whole(first: Delta | Final, events: AsyncIterator[Delta | Final]) -> dict[str, Any]:
         return writer.whole(*await pipeline.collect(first, events))
 
-    return await respond(request, chat, _ChunkStream(request.url.path, writer) if stream else None, whole)
+    return await respond(request, services, chat, _ChunkStream(request.url.path, writer) if stream else None, whole)
 
 
 @post("/v1/chat/completions", status_code=200)
-async def chat_completions(request: Request) -> Any:
+async def chat_completions(request: Request, services: Services) -> Any:
     body = await openai_request.read(request, ChatBody)
     chat = openai_request.chat_request(request, body)
-    return await _respond(request, chat, ChatWriter(body.model, body.include_usage), body.stream)
+    return await _respond(request, services, chat, ChatWriter(body.model, body.include_usage), body.stream)
 
 
 @post("/v1/completions", status_code=200)
-async def completions(request: Request) -> Any:
+async def completions(request: Request, services: Services) -> Any:
     body = await openai_request.read(request, CompletionBody)
     chat = openai_request.completion_request(request, body)
-    return await _respond(request, chat, TextWriter(body.model, body.include_usage), body.stream)
+    return await _respond(request, services, chat, TextWriter(body.model, body.include_usage), body.stream)
 
 
 def _model_entry(model: StoredModel) -> dict[str, Any]:
@@ -74,14 +74,14 @@ def _model_entry(model: StoredModel) -> dict[str, Any]:
 
 
 @get("/v1/models")
-async def list_models(request: Request) -> dict[str, Any]:
-    store = request.app.state.services.store
+async def list_models(services: Services) -> dict[str, Any]:
+    store = services.store
     return {"object": "list", "data": [_model_entry(m) for m in await anyio.to_thread.run_sync(store.list)]}
 
 
 @get("/v1/models/{model_id:path}")
-async def retrieve_model(request: Request, model_id: str) -> dict[str, Any]:
-    store = request.app.state.services.store
+async def retrieve_model(services: Services, model_id: str) -> dict[str, Any]:
+    store = services.store
     name = ModelName.parse(model_id.lstrip("/"))
     return _model_entry(await anyio.to_thread.run_sync(store.get, name))
 

@@ -23,7 +23,7 @@ from litestar import Request, delete, get, post
 from litestar.exceptions import NotFoundException
 
 from plugd.chat import pipeline
-from plugd.chat.pipeline import ChatRequest, Delta, Final, Prefill
+from plugd.chat.pipeline import ChatRequest, Delta, Final, Prefill, Services
 from plugd.server.bodies import BadRequest, read_body
 from plugd.server.openai_responses_input import NOT_STORED, input_messages
 from plugd.server.openai_responses_tools import ResponsesTools, tool_choice
@@ -309,7 +309,7 @@ class ResponseStream(StreamFormat):
 
 
 @post("/v1/responses", status_code=200)
-async def create_response(request: Request) -> Any:
+async def create_response(request: Request, services: Services) -> Any:
     body = await read_body(request, ResponsesBody)
     tools = ResponsesTools(body.tools)
     chat = chat_request(body, tools, dict(request.headers))
@@ -319,7 +319,7 @@ async def create_response(request: Request) -> Any:
         builder.finish(await pipeline.drain(first, events, builder.feed))
         return builder.response
 
-    return await respond(request, chat, ResponseStream(builder) if body.stream else None, whole)
+    return await respond(request, services, chat, ResponseStream(builder) if body.stream else None, whole)
 
 
 @get(["/v1/responses/{response_id:str}", "/v1/responses/{response_id:str}/input_items"], sync_to_thread=False)

@@ -16,7 +16,7 @@ from typing import Any
 from litestar import Request, Response
 
 from plugd.chat import pipeline
-from plugd.chat.pipeline import ChatRequest, Delta, Final, Prefill, Queued
+from plugd.chat.pipeline import ChatRequest, Delta, Final, Prefill, Queued, Services
 from plugd.server.disconnect import unless_disconnected
 from plugd.server.errors import Dialect, failure_body
 from plugd.server.sse import SSE, sse_comment, streamed
@@ -58,11 +58,11 @@ class StreamFormat(ABC):
         """The error event for a failure once the stream has begun; `body` is the dialect's error object for it."""
 
 
-async def respond(request: Request, chat: ChatRequest, stream: StreamFormat | None,
+async def respond(request: Request, services: Services, chat: ChatRequest, stream: StreamFormat | None,
                   whole: Callable[[Delta | Final, AsyncIterator[Delta | Final]], Awaitable[Any]]) -> Any:
     """The response to `chat`: streamed in `stream`'s format, or (`stream` None) `whole`'s result for the first
     event and the rest, which closes the pipeline, releasing the runner, before the response goes out."""
-    events = pipeline.run(request.app.state.services, chat, progress=stream is not None)
+    events = pipeline.run(services, chat, progress=stream is not None)
     first = await unless_disconnected(request, anext(events))
     if stream is not None:
         return streamed(write_stream(stream, first, events), stream.media_type)
