@@ -306,7 +306,7 @@ async def run(services: Services, request: ChatRequest,
             body.prompt, body.media = text, media_items(media)
         else:
             body.tokens = tokens if tokens is not None else await encode(model, text)
-        token_text = tokenizer_of(model).token_text
+        token_text = (await anyio.to_thread.run_sync(tokenizer_of, model)).token_text  # a first use loads it
         async with aclosing(_runner_events(loaded.runner, body, options.num_ctx)) as events:
             async for event in events:
                 if isinstance(event, PrefillEvent):
