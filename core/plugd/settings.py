@@ -130,20 +130,25 @@ class Settings:
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] = os.environ) -> Settings:
-        """The settings the environment gives; ValueError naming the variable for one that cannot be read."""
+        """The settings the environment gives (the class's defaults for what it leaves unset); ValueError naming
+        the variable for one that cannot be read."""
+        default = cls()
         return cls(
             address=daemon_address(environ),
-            models=Path(environ.get("PLUGD_MODELS") or Path.home() / ".plugd" / "models").expanduser(),
+            models=Path(environ["PLUGD_MODELS"]).expanduser() if environ.get("PLUGD_MODELS") else default.models,
             prune=not environ.get("PLUGD_NOPRUNE"),
-            keep_alive=environ.get("PLUGD_KEEP_ALIVE") or "5m",
+            keep_alive=environ.get("PLUGD_KEEP_ALIVE") or default.keep_alive,
             max_loaded_models=(_number("PLUGD_MAX_LOADED_MODELS", environ.get("PLUGD_MAX_LOADED_MODELS"), int, 0)
-                               or math.inf),
-            max_queue=_number("PLUGD_MAX_QUEUE", environ.get("PLUGD_MAX_QUEUE"), int, 512),
-            context_length=_number("PLUGD_CONTEXT_LENGTH", environ.get("PLUGD_CONTEXT_LENGTH"), int, None),
-            load_timeout=_number("PLUGD_LOAD_TIMEOUT", environ.get("PLUGD_LOAD_TIMEOUT"), float, 600.0),
-            runner_timeout=_number("PLUGD_RUNNER_TIMEOUT", environ.get("PLUGD_RUNNER_TIMEOUT"), float, 120.0),
-            log_level=(environ.get("PLUGD_LOG_LEVEL") or "INFO").upper(),
+                               or default.max_loaded_models),
+            max_queue=_number("PLUGD_MAX_QUEUE", environ.get("PLUGD_MAX_QUEUE"), int, default.max_queue),
+            context_length=_number("PLUGD_CONTEXT_LENGTH", environ.get("PLUGD_CONTEXT_LENGTH"), int,
+                                   default.context_length),
+            load_timeout=_number("PLUGD_LOAD_TIMEOUT", environ.get("PLUGD_LOAD_TIMEOUT"), float,
+                                 default.load_timeout),
+            runner_timeout=_number("PLUGD_RUNNER_TIMEOUT", environ.get("PLUGD_RUNNER_TIMEOUT"), float,
+                                   default.runner_timeout),
+            log_level=(environ.get("PLUGD_LOG_LEVEL") or default.log_level).upper(),
             origins=_names(environ.get("PLUGD_ORIGINS")),
-            cache_policy=environ.get("PLUGD_CACHE_POLICY") or None,
+            cache_policy=environ.get("PLUGD_CACHE_POLICY") or default.cache_policy,
             client_renderers=_names(environ.get("PLUGD_CLIENT_RENDERERS")),
         )
