@@ -7,9 +7,12 @@ and going back to an earlier point means restoring a snapshot taken there.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import mlx.core as mx
+
+from plugd.nn.cache import same_offset
 
 
 class RecurrentState(NamedTuple):
@@ -75,3 +78,25 @@ class RecurrentCache:
 
     def restore(self, snapshot: RecurrentState | None) -> None:
         self.state = snapshot
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.offset == 0 else self.conv.nbytes + self.recurrent.nbytes
+
+    def split(self) -> list[RecurrentCache]:
+        if self.offset == 0:
+            return [RecurrentCache()]
+        parts = []
+        for row in range(self.conv.shape[0]):
+            part = RecurrentCache()
+            part.state = RecurrentState(self.offset, self.conv[row : row + 1], self.recurrent[row : row + 1])
+            parts.append(part)
+        return parts
+
+    @classmethod
+    def merge(cls, caches: Sequence[RecurrentCache]) -> RecurrentCache:
+        merged = cls()
+        if offset := same_offset(caches):
+            merged.state = RecurrentState(offset, mx.concatenate([c.conv for c in caches]),
+                                          mx.concatenate([c.recurrent for c in caches]))
+        return merged
