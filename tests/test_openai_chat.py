@@ -247,10 +247,10 @@ def test_errors_in_openai_shape(client, server):
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model="no-such-model", messages=HI)
     assert missing.value.status_code == 404 and "model 'no-such-model:latest' not found" in missing.value.message
-    assert missing.value.body["type"] == "not_found_error"
+    assert missing.value.body["type"] == "not_found_error" and missing.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as bad_name:
         client.chat.completions.create(model="../../etc", messages=HI)
-    assert "invalid model name" in bad_name.value.message
+    assert "invalid model name" in bad_name.value.message and bad_name.value.code == "invalid_name"
     for body in (b"{not json", b"\xff\xfe", b"[1, 2]", b'{"messages": []}'):
         response = httpx.post(server.url + "/v1/chat/completions", content=body)
         assert response.status_code == 400

@@ -38,7 +38,7 @@ def failure_body(dialect: Dialect, path: str, exc: Exception) -> tuple[int, dict
     if isinstance(exc, ContextExceeded):
         return 400, context_exceeded_body(dialect, path, exc)
     status, message = status_of(exc)
-    return status, error_body(dialect, status, message)
+    return status, error_body(dialect, status, message, exc.kind if isinstance(exc, PlugdError) else None)
 
 
 Dialect = Literal["ollama", "openai", "anthropic"]
@@ -53,11 +53,12 @@ def dialect_of(path: str) -> Dialect:
     return "ollama"
 
 
-def error_body(dialect: Dialect, status: int, message: str) -> dict[str, Any]:
-    """The error object a client of `dialect` parses as an error of its own kind."""
+def error_body(dialect: Dialect, status: int, message: str, kind: str | None = None) -> dict[str, Any]:
+    """The error object a client of `dialect` parses as an error of its own kind; OpenAI's says the failure's
+    `kind` as its code (Ollama's and Anthropic's shapes have no place for it)."""
     if dialect == "openai":
         return {"error": {"message": message, "type": _OPENAI_TYPES.get(status, "server_error"), "param": None,
-                          "code": None}}
+                          "code": kind}}
     if dialect == "anthropic":
         return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
     return {"error": message}
