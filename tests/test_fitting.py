@@ -12,6 +12,7 @@ import pytest
 
 from plugd.builtins.jinja_renderer import render
 from plugd.chat.fitting import droppable_turns, fitted
+from plugd.chat.tokens import encode_prompt
 from plugd.hookspecs import ModelFiles, RenderRequest
 from plugd.tokenizer import Tokenizer
 from plugd.types import Message
@@ -96,8 +97,8 @@ def test_fitting_drops_the_fewest_turns_wherever_the_search_starts(tiny_qwen3, n
     async def rendered(messages):
         return render(RenderRequest(model_files, messages, [], None))
 
-    async def no_media(prompt):
-        raise AssertionError("a text prompt is counted with the tokenizer")
+    async def encode(prompt):
+        return encode_prompt(tokenizer, None, prompt)
 
     for count in (3, 41, 400):
         messages = [Message("system", "Be brief."),
@@ -111,6 +112,6 @@ def test_fitting_drops_the_fewest_turns_wherever_the_search_starts(tiny_qwen3, n
             return len(tokenizer.encode(render(RenderRequest(model_files, kept, [], None)).text))
 
         fewest = next((k for k in range(len(turns) + 1) if tokens_without(k) <= num_ctx), len(turns))
-        result = asyncio.run(fitted(messages, num_ctx, rendered, no_media, tokenizer))
+        result = asyncio.run(fitted(messages, num_ctx, rendered, encode, tokenizer))
         assert len(tokenizer.encode(result.prompt.text)) == tokens_without(fewest), (count, num_ctx)
         assert result.fits == (tokens_without(fewest) <= num_ctx)

@@ -5,7 +5,6 @@ clearly while a PNG still works; a runner whose vision tower fails reports it an
 from __future__ import annotations
 
 import base64
-import importlib
 import io
 import json
 import shutil
@@ -22,9 +21,6 @@ from PIL import Image
 from plugd import plugins
 from plugd.builtins import jinja_renderer
 from plugd.hookspecs import ModelFiles, RenderRequest
-from plugd.protocol import MediaItem
-from plugd.runner.loading import load_model
-from plugd.runner.media import encode, media_runs
 from plugd.testing.checkpoints import write_checkpoint
 from plugd.testing.plugins import write_distribution
 from plugd.testing.server import LiveServer
@@ -37,13 +33,15 @@ KINDS = {"png": ("PNG", {}), "jpeg": ("JPEG", {"quality": 90}), "webp": ("WEBP",
 
 BROKEN_PLUGIN = '''
 from plugd.hookspecs import Architecture, hookimpl
+from plugd_gemma.config import gemma3_media_tokens
 
-PLUGD_API = "1.1"
+PLUGD_API = "1.2"
 
 
 @hookimpl
 def plugd_architectures():
-    return [Architecture("gemma3_broken", "plugd_broken_vision", media_types=frozenset({"image/png", "image/jpeg"}))]
+    return [Architecture("gemma3_broken", "plugd_broken_vision", media_types=frozenset({"image/png", "image/jpeg"}),
+                         media_tokens=gemma3_media_tokens)]
 '''
 BROKEN_MODEL = '''
 from plugd_gemma import gemma3
@@ -114,14 +112,17 @@ def server_without_webp(checkpoints, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def expected_tokens(checkpoints):
-    """The number of prompt tokens of a rendered prompt with its images, as the runner counts them."""
+    """The number of prompt tokens of a rendered prompt with its images, and where each image's run of tokens
+    lies: each placeholder replaced by the expansion the architecture declares, then tokenized."""
     path = checkpoints["vision"]
-    model = load_model(path, importlib.import_module(plugins.load().architectures()["gemma3"].module))
+    media = plugins.load().architectures()["gemma3"].media_tokens(json.loads((path / "config.json").read_text()))
     tokenizer = Tokenizer.from_dir(path)
 
     def count(text: str, images: list[bytes]) -> tuple[int, list[tuple[int, int]]]:
-        prompt = encode(model, tokenizer, text, [MediaItem(data=b64(i), mime_type="") for i in images])
-        return len(prompt.tokens), media_runs(prompt.keys)
+        assert text.count(media.placeholder) == len(images)
+        tokens = tokenizer.encode(text.replace(media.placeholder, media.expansion))
+        starts = [i for i, t in enumerate(tokens) if t == media.token_id and tokens[i - 1] != media.token_id]
+        return len(tokens), [(start, start + media.expansion.count("<image_soft_token>")) for start in starts]
 
     return count
 
@@ -220,6 +221,20 @@ def test_anthropic_messages_with_an_image(server, expected_tokens, kind):
     again = ask(image)
     assert (again.usage.input_tokens, again.usage.cache_read_input_tokens) == (1, total - 1)
     assert again.content == first.content
+
+
+def test_counting_the_tokens_of_an_image_prompt_loads_no_model(server, expected_tokens):
+    """The daemon expands images itself, from what the architecture declares: no runner is asked."""
+    ollama.Client(host=server.url).generate("vision", keep_alive=0)  # unloads whatever earlier tests loaded
+    assert server.runner_pids() == []
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    image = picture(40)
+    counted = client.messages.count_tokens(model="vision", messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(image)}},
+        {"type": "text", "text": "What is it?"}]}])
+    text = rendered(server, [{"role": "user", "content": "What is it?", "images": [b64(image)]}])["rendered_template"]
+    assert counted.input_tokens == expected_tokens(text, [image])[0]
+    assert server.runner_pids() == []
 
 
 def test_a_conversation_is_fitted_to_num_ctx_counting_its_images(server, expected_tokens):

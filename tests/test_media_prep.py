@@ -13,12 +13,13 @@ from PIL import Image
 from plugd import plugins
 from plugd.chat.media_prep import MediaPreparer
 from plugd.chat.request import InvalidRequest
-from plugd.hookspecs import Architecture
+from plugd.hookspecs import Architecture, MediaTokens
 from plugd.media import MAX_IMAGE_PIXELS, image
 from plugd.plugins import Registry
 from plugd.types import Media
 
-VISION = Architecture("gemma3", "plugd_gemma.gemma3", media_types=frozenset({"image/png", "image/jpeg"}))
+VISION = Architecture("gemma3", "plugd_gemma.gemma3", media_types=frozenset({"image/png", "image/jpeg"}),
+                      media_tokens=lambda config: MediaTokens("<image>", "<image>", 0))
 
 
 def encoded(picture: Image.Image, kind: str, **options) -> bytes:

@@ -28,6 +28,7 @@ from plugd.runner.grammar import TokenMask
 from plugd.scheduler.runner_client import RunnerProcess
 from plugd.testing.server import LiveServer
 from plugd.testing.structured import json_leaning_checkpoint
+from plugd.tokenizer import Tokenizer
 from plugd.types import structure, unstructure
 
 SCHEMAS = sorted((Path(__file__).resolve().parent / "reference/json_schemas").glob("*.json"))
@@ -164,7 +165,8 @@ def test_official_client_format_json_and_schema(server):
 
 
 def test_the_runner_refuses_before_any_output_and_stays_usable(checkpoint):
-    body = Completion(prompt="Answer in JSON.", sampling=SamplingParams(temperature=0.0), num_predict=64, num_ctx=512)
+    body = Completion(tokens=Tokenizer.from_dir(checkpoint).encode("Answer in JSON."),
+                      sampling=SamplingParams(temperature=0.0), num_predict=64, num_ctx=512)
 
     async def exchange() -> tuple[httpx.Response, list[dict]]:
         config = RunnerConfig("plugd_qwen.qwen3", "plugd.runner.cache_policy:single_slot",

@@ -78,6 +78,17 @@ def attention_layers(config: Mapping[str, Any]) -> list[LayerCache]:
 
 
 @define(frozen=True)
+class MediaTokens:
+    """How a vision model's prompt holds an image: the text its renderer writes for one (`placeholder`), the text
+    that replaces each placeholder before tokenization (`expansion`), and the token of one image position
+    (`token_id`), of which the expansion holds exactly one run (its other tokens are text)."""
+
+    placeholder: str
+    expansion: str
+    token_id: int
+
+
+@define(frozen=True)
 class Architecture:
     """A model class for checkpoints whose config.json has this `model_type`.
 
@@ -89,11 +100,12 @@ class Architecture:
 
     `media_types` are the MIME types the architecture's image processor takes;
     empty means the architecture has no vision. A model of an architecture
-    with media types is reported with the `vision` capability, and its `Model`
-    also gives `media_placeholder`, `media_expansion`, `media_token_id`,
-    `preprocess(image)`, `embed_media(pixels)` and takes
-    `__call__(tokens, cache, media=[(start, embeddings)])` (see docs/plugins.md).
-    Images in other formats are offered to the media transcoders first.
+    with media types is reported with the `vision` capability; its
+    `media_tokens(config)` (MLX-free: the daemon tokenizes prompts) says how a
+    prompt holds an image, and its `Model` also gives `preprocess(image)`,
+    `embed_media(pixels)` and takes `__call__(tokens, cache, media=[(start,
+    embeddings)])` (see docs/plugins.md). Images in other formats are offered
+    to the media transcoders first.
 
     `cache_layers(config)` (MLX-free: the daemon calls it) says what each
     layer caches for the model's text config; the default, `attention_layers`,
@@ -106,6 +118,11 @@ class Architecture:
     module: str
     media_types: frozenset[str] = frozenset()
     cache_layers: Callable[[Mapping[str, Any]], list[LayerCache]] = attention_layers
+    media_tokens: Callable[[Mapping[str, Any]], MediaTokens] | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.media_types and self.media_tokens is None:
+            raise ValueError(f"architecture {self.model_type!r} takes images but says no media_tokens")
 
 
 @define(frozen=True)
@@ -345,6 +362,7 @@ __all__ = [
     "HOOKS",
     "LayerCache",
     "Media",
+    "MediaTokens",
     "MediaTranscoder",
     "MemoryFit",
     "Message",

@@ -84,21 +84,22 @@ class GrammarSpec:
 
 
 @define(kw_only=True)
-class MediaItem:
-    """An image of a vision model's prompt, as the runner takes it."""
+class MediaSpan:
+    """An image of a prompt: the positions [start, end) of its run of image tokens, the sha256 (hex) of its bytes,
+    which keys the run in the cache, and the file the daemon wrote them to for the runner to read."""
 
-    data: str  # base64
-    mime_type: str
+    start: int
+    end: int
+    digest: str
+    path: str = ""
 
 
 @define(kw_only=True)
 class Completion:
-    """A /completion body: the prompt as token ids (a text model) or as text with its images (a vision model,
-    whose runner expands each image's placeholder), and how to generate."""
+    """A /completion body: the prompt as token ids, each of its images a span of them, and how to generate."""
 
     tokens: list[int] = Factory(list)
-    prompt: str | None = None
-    media: list[MediaItem] = Factory(list)
+    media: list[MediaSpan] = Factory(list)
     sampling: SamplingParams = Factory(SamplingParams)
     num_predict: int = -1  # any negative: until the context is full
     num_ctx: int = 2048  # prompt and generated tokens together

@@ -5,7 +5,7 @@ The model modules import MLX, so they are only named here; the runner imports th
 """
 
 from plugd.hookspecs import Architecture, hookimpl
-from plugd_gemma.config import gemma3_cache_layers, gemma4_cache_layers
+from plugd_gemma.config import gemma3_cache_layers, gemma3_media_tokens, gemma4_cache_layers
 
 PLUGD_API = "1.2"
 
@@ -15,7 +15,7 @@ def plugd_architectures() -> list[Architecture]:
     return [
         Architecture(model_type="gemma3_text", module="plugd_gemma.gemma3_text", cache_layers=gemma3_cache_layers),
         Architecture(model_type="gemma3", module="plugd_gemma.gemma3", media_types=frozenset({"image/png", "image/jpeg"}),
-                     cache_layers=gemma3_cache_layers),
+                     cache_layers=gemma3_cache_layers, media_tokens=gemma3_media_tokens),
         Architecture(model_type="gemma4_text", module="plugd_gemma.gemma4_text", cache_layers=gemma4_cache_layers),
         Architecture(model_type="gemma4", module="plugd_gemma.gemma4", cache_layers=gemma4_cache_layers),
     ]

@@ -1,5 +1,5 @@
-"""Which Gemma layers slide, and what each layer caches for the daemon's memory estimate; MLX-free, as the daemon
-reads it too.
+"""Which Gemma layers slide, what each layer caches for the daemon's memory estimate, and how a Gemma 3 prompt holds
+an image; MLX-free, as the daemon reads it too.
 
 Older configs give the layer pattern as `sliding_window_pattern` (every n-th layer global); transformers 5 lists
 `layer_types`.
@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from plugd.hookspecs import LayerCache, attention_cache
+from plugd.hookspecs import LayerCache, MediaTokens, attention_cache
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
+IMAGE_START, IMAGE_END, IMAGE_TOKEN = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
 
 
 def layer_types(config: Mapping[str, Any], default_pattern: int) -> list[str]:
@@ -46,3 +47,11 @@ def gemma4_cache_layers(config: Mapping[str, Any]) -> list[LayerCache]:
               else attention_cache(config | wide) for kind in kinds]
     shared = min(config.get("num_kv_shared_layers", 20), len(kinds))
     return caches[: len(kinds) - shared] + [LayerCache()] * shared
+
+
+def gemma3_media_tokens(config: Mapping[str, Any]) -> MediaTokens:
+    """Gemma 3's renderer writes "<start_of_image>" for an image; the prompt holds it as that token between blank
+    lines, `mm_tokens_per_image` image tokens, and "<end_of_image>"."""
+    count = config.get("mm_tokens_per_image", 256)
+    return MediaTokens(placeholder=IMAGE_START, expansion=f"\n\n{IMAGE_START}{IMAGE_TOKEN * count}{IMAGE_END}\n\n",
+                       token_id=config.get("image_token_index", 262_144))

@@ -5,7 +5,8 @@ The language model is gemma3_text. Images go through the SigLIP tower
 `mm_tokens_per_image` tokens, RMS-normalises them (Gemma's 1 + weight) and
 maps them to the text width with a plain (vision, text) matrix. A prompt
 holds each image as "<start_of_image>", `mm_tokens_per_image` image soft
-tokens whose embeddings the projector's output replaces, and "<end_of_image>".
+tokens whose embeddings the projector's output replaces, and "<end_of_image>"
+(plugd_gemma.config.gemma3_media_tokens).
 
 Checkpoints come in three layouts, all read here: the hub's
 (`language_model.model.`, `vision_tower.vision_model.`, `multi_modal_projector.`),
@@ -36,7 +37,6 @@ TEXT_DEFAULTS = {
     "num_attention_heads": 8,
     "num_key_value_heads": 4,
 }
-IMAGE_START, IMAGE_END, IMAGE_TOKEN = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
 # Weight-name prefixes of the other layouts, each with its hub equivalent; the first match applies.
 RENAMES = (
     ("model.language_model.", "language_model.model."),
@@ -105,16 +105,12 @@ class VisionTower(nn.Module):
 
 
 class Model(nn.Module):
-    media_placeholder = IMAGE_START
-
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
         self.language_model = gemma3_text.Model(args.text)
         self.vision_tower = VisionTower(args.vision)
         self.multi_modal_projector = Projector(args)
-        self.media_token_id = args.image_token_index
-        self.media_expansion = f"\n\n{IMAGE_START}{IMAGE_TOKEN * args.mm_tokens_per_image}{IMAGE_END}\n\n"
 
     def __call__(
         self, inputs: mx.array, cache: list | None = None, media: Sequence[tuple[int, mx.array]] = ()

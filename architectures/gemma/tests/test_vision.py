@@ -23,6 +23,7 @@ from plugd.runner.quantize import quantize_checkpoint
 from plugd.testing.checkpoints import BASE_CONFIGS, write_checkpoint
 from plugd.tokenizer import Tokenizer
 from plugd_gemma import gemma3
+from plugd_gemma.config import gemma3_media_tokens
 from plugd_gemma.siglip import BiasedLinear
 
 TOLERANCE = 1e-4
@@ -108,29 +109,34 @@ def test_image_embeddings_match_transformers(models):
     assert np.abs(np.array(embeddings) - reference_image_features(reference, pixels)).max() <= TOLERANCE
 
 
-def prompt_ids(model: gemma3.Model, checkpoint: Path) -> list[int]:
-    """A Gemma 3 turn holding two images, their placeholders expanded as the runner does; 74 positions, well past
+def media_tokens(checkpoint: Path):
+    return gemma3_media_tokens(json.loads((checkpoint / "config.json").read_text()))
+
+
+def prompt_ids(checkpoint: Path) -> list[int]:
+    """A Gemma 3 turn holding two images, their placeholders expanded as the daemon does; 74 positions, well past
     the sliding window."""
     text = "<start_of_turn>user\nCompare <start_of_image> with <start_of_image> please.<end_of_turn>\n<start_of_turn>model\n"
-    expanded = text.replace(model.media_placeholder, model.media_expansion)
-    return Tokenizer.from_dir(checkpoint).encode(expanded)
+    media = media_tokens(checkpoint)
+    return Tokenizer.from_dir(checkpoint).encode(text.replace(media.placeholder, media.expansion))
 
 
 def image_starts(ids: list[int], token_id: int) -> list[int]:
     return [i for i, token in enumerate(ids) if token == token_id and (i == 0 or ids[i - 1] != token_id)]
 
 
-def test_the_expansion_puts_one_run_of_image_tokens_per_placeholder(ours, checkpoint):
+def test_the_expansion_puts_one_run_of_image_tokens_per_placeholder(checkpoint):
     config = json.loads((checkpoint / "config.json").read_text())
-    ids = prompt_ids(ours, checkpoint)
-    starts = image_starts(ids, ours.media_token_id)
-    assert ours.media_token_id == config["image_token_index"] and len(starts) == 2
+    media = media_tokens(checkpoint)
+    ids = prompt_ids(checkpoint)
+    starts = image_starts(ids, media.token_id)
+    assert media.token_id == config["image_token_index"] and len(starts) == 2
     for start in starts:
         assert ids[start - 1] == config["boi_token_index"]
-        assert ids[start : start + 16] == [ours.media_token_id] * 16
+        assert ids[start : start + 16] == [media.token_id] * 16
         assert ids[start + 16] == config["eoi_token_index"]
     assert ids[0] == Tokenizer.from_dir(checkpoint).bos_id
-    assert not ours.media_expansion.endswith(("<image_soft_token>", "<start_of_image>"))
+    assert not media.expansion.endswith(("<image_soft_token>", "<start_of_image>"))
 
 
 def reference_logits(reference, ids: list[int], pixels: np.ndarray, token_type_ids: bool = True) -> np.ndarray:
@@ -148,10 +154,10 @@ def reference_logits(reference, ids: list[int], pixels: np.ndarray, token_type_i
 def prompt(models, checkpoint):
     """The two-image prompt, our media spans for it, and transformers' logits."""
     ours, reference = models
-    ids = prompt_ids(ours, checkpoint)
+    ids = prompt_ids(checkpoint)
     pixels = pixel_batch(ours)
     embeddings = ours.embed_media(mx.array(pixels))
-    media = [(start, embeddings[i]) for i, start in enumerate(image_starts(ids, ours.media_token_id))]
+    media = [(start, embeddings[i]) for i, start in enumerate(image_starts(ids, media_tokens(checkpoint).token_id))]
     return ids, media, pixels, reference_logits(reference, ids, pixels)
 
 
@@ -230,8 +236,8 @@ def test_transformers_layouts_load(checkpoint, tmp_path, layout):
     pixels = pixel_batch(ours)
     embeddings = ours.embed_media(mx.array(pixels))
     assert np.abs(np.array(embeddings) - reference_image_features(reference, pixels)).max() <= TOLERANCE
-    ids = prompt_ids(ours, checkpoint)
-    media = [(start, embeddings[i]) for i, start in enumerate(image_starts(ids, ours.media_token_id))]
+    ids = prompt_ids(checkpoint)
+    media = [(start, embeddings[i]) for i, start in enumerate(image_starts(ids, media_tokens(checkpoint).token_id))]
     logits = np.array(ours(mx.array([ids], mx.int32), media=media))[0, -1]
     assert np.abs(logits - reference_logits(reference, ids, pixels)[-1]).max() <= TOLERANCE
 

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 from attrs import define
 
+from plugd.chat.tokens import EncodedPrompt
 from plugd.tokenizer import Tokenizer
 from plugd.types import Message, Prompt
 
@@ -28,7 +29,7 @@ LIKELY_BYTES_PER_TOKEN = 8
 @define
 class Fitted:
     prompt: Prompt
-    tokens: list[int] | None = None  # its token ids, where they were counted
+    encoded: EncodedPrompt | None = None  # where it was counted
     fits: bool = True
 
 
@@ -49,10 +50,10 @@ def droppable_turns(messages: list[Message]) -> list[range]:
 
 
 async def fitted(messages: list[Message], num_ctx: int, render: Callable[[list[Message]], Awaitable[Prompt]],
-                 count_media: Callable[[Prompt], Awaitable[int]], tokenizer: Tokenizer) -> Fitted:
+                 encode: Callable[[Prompt], Awaitable[EncodedPrompt]], tokenizer: Tokenizer) -> Fitted:
     """The conversation rendered with as few of its oldest turns dropped as make it fit `num_ctx`; when even
-    dropping them all does not, the shortest (the runner truncates it). `count_media` counts a prompt with
-    images, whose placeholders only the runner expands."""
+    dropping them all does not, the shortest (the runner truncates it). `encode` encodes a candidate prompt (its
+    images expanded), `tokenizer` the guess's texts."""
     turns = droppable_turns(messages)
 
     async def candidate(dropped_turns: int) -> Fitted:
@@ -60,10 +61,8 @@ async def fitted(messages: list[Message], num_ctx: int, render: Callable[[list[M
         prompt = await render([m for i, m in enumerate(messages) if i not in dropped])
         if not prompt.media and len(prompt.text.encode()) + ADDED_TOKENS_BOUND <= num_ctx:
             return Fitted(prompt)  # every other token covers at least a byte: no need to count
-        if prompt.media:
-            return Fitted(prompt, fits=await count_media(prompt) <= num_ctx)
-        tokens = await anyio.to_thread.run_sync(tokenizer.encode, prompt.text)
-        return Fitted(prompt, tokens, len(tokens) <= num_ctx)
+        encoded = await encode(prompt)
+        return Fitted(prompt, encoded, len(encoded.tokens) <= num_ctx)
 
     if not turns:
         return await candidate(0)

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import base64
-
 from plugd.chat.request import InvalidRequest
 from plugd.hookspecs import Architecture, MediaTranscoder
 from plugd.media import checked_format
 from plugd.plugins import Registry
-from plugd.protocol import MediaItem
 from plugd.types import Media
 
 
@@ -54,7 +51,3 @@ class MediaPreparer:
         raise InvalidRequest(f"model '{self._model_name}' takes images as {', '.join(sorted(self._accepted))}, "
                              f"not {item.mime_type}, and no installed media transcoder converts it{hint}")
 
-
-def media_items(media: list[Media]) -> list[MediaItem]:
-    """Images as the runner protocol carries them."""
-    return [MediaItem(data=base64.b64encode(item.data).decode("ascii"), mime_type=item.mime_type) for item in media]

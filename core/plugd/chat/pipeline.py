@@ -17,7 +17,7 @@ from attrs import define
 from plugd.builtins.jinja_renderer import FALLBACK_RENDERER
 from plugd.chat.fitting import Fitted, fitted
 from plugd.chat.grammar import grammar_engine, structured
-from plugd.chat.media_prep import MediaPreparer, media_items
+from plugd.chat.media_prep import MediaPreparer
 from plugd.chat.models import ResolvedModel, resolve
 from plugd.chat.options import completion, resolve_options
 from plugd.chat.request import (
@@ -42,7 +42,7 @@ from plugd.scheduler.scheduler import Scheduler
 from plugd.settings import Settings
 from plugd.store.names import ModelName
 from plugd.store.store import Store
-from plugd.types import Message, Options, Prompt, Tool, unstructure
+from plugd.types import Message, Options, Prompt, Tool
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +107,8 @@ async def _render(render: RenderFunction, model: ResolvedModel, request: ChatReq
     return await anyio.to_thread.run_sync(rendered)
 
 
-
-
-async def _fitted_prompt(render: RenderFunction, model: ResolvedModel, request: ChatRequest, runner: RunnerProcess,
-                         num_ctx: int, preparer: MediaPreparer) -> Fitted:
+async def _fitted_prompt(render: RenderFunction, model: ResolvedModel, request: ChatRequest, num_ctx: int,
+                         preparer: MediaPreparer) -> Fitted:
     """The rendered conversation, fitted into num_ctx by dropping its oldest turns (plugd.chat.fitting) where the
     request truncates; a request that does not keeps every turn, and the runner refuses a prompt too long."""
     messages = _conversation(model, request)
@@ -121,13 +119,7 @@ async def _fitted_prompt(render: RenderFunction, model: ResolvedModel, request: 
     if not request.truncates:
         return Fitted(await rendered(messages))
     tokenizer = await anyio.to_thread.run_sync(tokenizer_of, model)
-    return await fitted(messages, num_ctx, rendered, lambda prompt: _runner_count(prompt, runner), tokenizer)
-
-
-async def _runner_count(prompt: Prompt, runner: RunnerProcess) -> int:
-    """The tokens of a prompt with images, counted by the runner, where each image expands to its run of tokens."""
-    media = [unstructure(item) for item in media_items(prompt.media)]
-    return len((await runner.post("/tokenize", {"text": prompt.text, "media": media}))["tokens"])
+    return await fitted(messages, num_ctx, rendered, lambda prompt: encode(model, prompt), tokenizer)
 
 
 def _parser(services: Services, model: ResolvedModel, request: ChatRequest) -> Parser | None:
@@ -239,18 +231,15 @@ async def render_only(services: Services, request: ChatRequest) -> Prompt:
 
 
 async def count_tokens(services: Services, request: ChatRequest) -> int:
-    """The tokens of the whole prompt `request` renders to: counted with the model's tokenizer, no model loaded;
-    a prompt with images by the model's runner (loaded if need be), which expands them.
+    """The tokens of the whole prompt `request` renders to, its images expanded: counted with the model's
+    tokenizer, no model loaded.
 
     A forced tool call or an output format constrains decoding, not the
     prompt, so counting needs no grammar engine.
     """
     prepared = await _prepared(services, request)
-    prompt = await _whole_prompt(services, prepared.model, request)  # images refused here, before a load
-    if not prompt.media:
-        return len(await encode(prepared.model, prompt.text))
-    async with services.scheduler.acquire(prepared.model, prepared.options.num_ctx, prepared.keep_alive) as loaded:
-        return await _runner_count(prompt, loaded.runner)
+    prompt = await _whole_prompt(services, prepared.model, request)
+    return len((await encode(prepared.model, prompt)).tokens)
 
 
 async def run(services: Services, request: ChatRequest,
@@ -284,10 +273,10 @@ async def run(services: Services, request: ChatRequest,
             yield Final(done_reason="load", load_duration=load_duration,
                         total_duration=time.perf_counter_ns() - started)
             return
-        prompt, media, tokens = request.raw_prompt, [], None
+        prompt, media, encoded = request.raw_prompt, [], None
         if render is not None:
-            fitted = await _fitted_prompt(render, model, request, loaded.runner, options.num_ctx, preparer)
-            prompt, media, tokens = fitted.prompt.text, fitted.prompt.media, fitted.tokens
+            fitted = await _fitted_prompt(render, model, request, options.num_ctx, preparer)
+            prompt, media, encoded = fitted.prompt.text, fitted.prompt.media, fitted.encoded
             if log.isEnabledFor(logging.DEBUG):  # as Ollama's debug log does; one JSON string, on one line
                 log.debug("prompt for %s: %s", model.name, json.dumps(prompt))
         parser = parser_kind.create(_tools(request), prompt) if parser_kind else _ContentOnly()
@@ -300,14 +289,13 @@ async def run(services: Services, request: ChatRequest,
             body.grammar, forced = plan.grammar, plan.forced_call
         if forced is not None:  # the call is opened in the prompt; the parser reads it as the model's own
             _parsed(lambda: parser.feed(forced.prefix))
-            tokens = None  # encoded with the call's opening
-        text = prompt + (forced.prefix if forced is not None else "")
-        if model.require_architecture().media_types:  # the runner expands (and checks) each image's placeholder
-            body.prompt, body.media = text, media_items(media)
-        else:
-            body.tokens = tokens if tokens is not None else await encode(model, text)
+            encoded = None  # encoded with the call's opening
+        if encoded is None:
+            encoded = await encode(model, Prompt(prompt + (forced.prefix if forced is not None else ""), media))
+        body.tokens, body.media = encoded.tokens, encoded.media
         token_text = (await anyio.to_thread.run_sync(tokenizer_of, model)).token_text  # a first use loads it
-        async with aclosing(_runner_events(loaded.runner, body, options.num_ctx)) as events:
+        images = {item.key: item.data for item in media}
+        async with aclosing(_runner_events(loaded.runner, body, images, options.num_ctx)) as events:
             async for event in events:
                 if isinstance(event, PrefillEvent):
                     if progress:
@@ -330,11 +318,11 @@ async def run(services: Services, request: ChatRequest,
                     yield _delta(pieces, logprobs)
 
 
-async def _runner_events(runner: RunnerProcess, body: Completion,
+async def _runner_events(runner: RunnerProcess, body: Completion, images: dict[str, bytes],
                          num_ctx: int) -> AsyncIterator[PrefillEvent | TokenEvent | DoneEvent]:
     """The runner's completion events; a prompt it refuses as longer than the context raises ContextExceeded."""
     try:
-        async with aclosing(runner.completion(body)) as events:
+        async with aclosing(runner.completion(body, images)) as events:
             async for event in events:
                 yield event
     except RunnerRejected as exc:

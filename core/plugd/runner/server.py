@@ -1,9 +1,8 @@
 """`plugd runner`: one model, served over HTTP on a Unix socket to the daemon that spawned it.
 
-Routes: GET /status (memory figures), POST /completion (a plugd.protocol.Completion; NDJSON events: the
-prefill's progress, tokens, done), POST /tokenize (a vision model's prompt, whose image placeholders only the
-runner expands; the daemon tokenizes text itself). All MLX work runs on one dedicated thread,
-since MLX streams are thread-local; completions queue behind each other there.
+Routes: GET /status (memory figures), POST /completion (a plugd.protocol.Completion: token ids, and the images
+by file; NDJSON events: the prefill's progress, tokens, done). All MLX work runs on one dedicated thread, since
+MLX streams are thread-local; completions queue behind each other there.
 
 A completion with `truncate` false is refused with status 400 (kind "context_exceeded") when its prompt does
 not fit num_ctx, instead of being truncated.
@@ -35,15 +34,16 @@ import uvicorn
 from litestar import Litestar, Request, Response, get, post
 from litestar.datastructures import State
 from litestar.response import Stream
+from PIL import Image
 
 from plugd import protocol
-from plugd.protocol import CompletionRequest, ErrorEvent, MediaItem, RunnerConfig, RunnerEvent, event_line
+from plugd.protocol import CompletionRequest, ErrorEvent, RunnerConfig, RunnerEvent, event_line
 from plugd.runner.cache_policy import make_policy
 from plugd.runner.errors import CHECKPOINT_REFUSED, CheckpointError
 from plugd.runner.generate import Engine, prompt_limit
 from plugd.runner.grammar import Grammars, TokenMaskFactory
 from plugd.runner.loading import compute_dtype, load_model
-from plugd.runner.media import EncodedPrompt, encode
+from plugd.runner.media import keyed
 from plugd.runner_api import GrammarRefused, GrammarVocabulary
 from plugd.tokenizer import Tokenizer
 from plugd.types import structure
@@ -71,10 +71,6 @@ class ModelHost:
         return Engine(model, Tokenizer.from_dir(model_dir),
                       cache_policy=lambda m: make_policy(config.cache_policy, m, budget))
 
-    def encode(self, text: str, media: list[MediaItem], decode_images: bool = True) -> EncodedPrompt:
-        """`text` and its images as the engine takes them; ValueError when the images do not fit the prompt."""
-        return encode(self.engine.model, self.engine.tokenizer, text, media, decode_images)
-
     def memory(self) -> dict[str, int]:
         return {
             "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -88,25 +84,22 @@ class ModelHost:
 class Completion:
     """One completion, started on the MLX thread at once, its events queued for the HTTP response.
 
-    `prompt`, when given, replaces `request.tokens` and `request.keys`, its images going with it;
-    `grammar` (being compiled) is waited for only once the prefill is done.
+    `images` are the prompt's images by the key `request.keys` holds at their positions; `grammar` (being
+    compiled) is waited for only once the prefill is done.
     """
 
-    def __init__(self, host: ModelHost, request: CompletionRequest, prompt: EncodedPrompt | None,
+    def __init__(self, host: ModelHost, request: CompletionRequest, images: dict[int, Image.Image],
                  grammar: Future[TokenMaskFactory] | None):
         self._host = host
         self._loop = asyncio.get_running_loop()
         self._events: asyncio.Queue = asyncio.Queue()
         self._cancelled = threading.Event()
-        self._work = self._loop.run_in_executor(host.mlx, self._produce, request, prompt, grammar)
+        self._work = self._loop.run_in_executor(host.mlx, self._produce, request, images, grammar)
 
-    def _produce(self, request: CompletionRequest, prompt: EncodedPrompt | None,
+    def _produce(self, request: CompletionRequest, images: dict[int, Image.Image],
                  grammar: Future[TokenMaskFactory] | None) -> None:
         put = self._events.put_nowait
         try:
-            images = None
-            if prompt is not None:
-                request.tokens, request.keys, images = prompt.tokens, prompt.keys, prompt.images
             mask = None if grammar is None else lambda: grammar.result()()
 
             def send(event: RunnerEvent) -> None:
@@ -161,7 +154,8 @@ async def status(request: Request) -> dict[str, Any]:
     host = _host(request)
     # Read off the MLX thread: a snapshot of two counters, good enough for a status line.
     return {"status": "ready", "load_seconds": host.load_seconds, "memory": host.memory(),
-            "cache": host.engine.cache.stats(), "device": mx.default_device().type.name,
+            "cache": host.engine.cache.stats() | {"live_bytes": sum(layer.nbytes for layer in host.engine.cache.layers)},
+            "device": mx.default_device().type.name,
             "float_bytes": compute_dtype().size} | _working_set()
 
 
@@ -180,14 +174,14 @@ async def completion(request: Request) -> Response[Any] | Stream:
     except ValueError as exc:
         return _rejection(f"invalid completion: {exc}", "invalid")
     host = _host(request)
-    try:
-        prompt = None if wire.prompt is None else await asyncio.to_thread(host.encode, wire.prompt, wire.media)
+    try:  # read and decoded off the event loop, but not on the MLX thread: nothing of MLX is needed
+        keys, images = await asyncio.to_thread(keyed, wire.tokens, wire.media)
     except ValueError as exc:
         return _rejection(str(exc), "media")
     body = CompletionRequest(tokens=wire.tokens, sampling=wire.sampling, num_predict=wire.num_predict,
                              num_ctx=wire.num_ctx, num_keep=wire.num_keep, stop=wire.stop, logprobs=wire.logprobs,
-                             top_logprobs=wire.top_logprobs)
-    prompt_tokens = len(body.tokens if prompt is None else prompt.tokens)
+                             top_logprobs=wire.top_logprobs, keys=keys if images else [])
+    prompt_tokens = len(body.tokens)
     if not wire.truncate and prompt_tokens > (limit := prompt_limit(body.num_ctx)):
         return _rejection(f"the prompt is {prompt_tokens} tokens; a context of {body.num_ctx} holds {limit}",
                           "context_exceeded", prompt_tokens=prompt_tokens, limit=limit)
@@ -197,7 +191,7 @@ async def completion(request: Request) -> Response[Any] | Stream:
         grammar = None if wire.grammar is None else host.grammars.compile(wire.grammar)
     except GrammarRefused as exc:
         return _refusal(exc)
-    running = Completion(host, body, prompt, grammar)
+    running = Completion(host, body, images, grammar)
     if grammar is not None:
         try:
             await asyncio.wrap_future(grammar)
@@ -216,20 +210,6 @@ def _refusal(exc: GrammarRefused) -> Response[Any]:
 
 def _rejection(message: str, kind: str, **details: Any) -> Response[Any]:
     return Response({"error": message, "kind": kind} | details, status_code=400)
-
-
-@post("/tokenize", status_code=200)
-async def tokenize(request: Request) -> Any:
-    """The prompt's tokens, each image placeholder expanded to the image's run of tokens."""
-    data = await request.json()
-    # The tokenizers library needs no MLX, so this need not queue behind a generation on the MLX thread. The
-    # daemon has checked the images already and the completion decodes them; counting tokens does not need them.
-    try:
-        media = structure(data.get("media", []), list[MediaItem])
-        prompt = await asyncio.to_thread(_host(request).encode, data["text"], media, False)
-    except ValueError as exc:
-        return _rejection(str(exc), "media")
-    return {"tokens": prompt.tokens}
 
 
 def _error(request: Request, exc: Exception) -> Response[Any]:
@@ -262,7 +242,7 @@ def main(model_dir: str, socket_path: str, config_json: str) -> int:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return CHECKPOINT_REFUSED if isinstance(exc, CheckpointError) else 1
     app = Litestar(
-        route_handlers=[status, completion, tokenize],
+        route_handlers=[status, completion],
         state=State({"host": host}),
         exception_handlers={Exception: _error},
         logging_config=None,

@@ -8,10 +8,13 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from contextlib import aclosing, nullcontext
 from pathlib import Path
 from typing import Any
 
+import anyio
+import attrs
 import httpx
 
 from plugd.blas import with_openblas
@@ -47,6 +50,7 @@ class RunnerRejected(RunnerError):
     def __init__(self, details: dict[str, Any]):
         super().__init__(details.get("error", "the runner refused the request"))
         self.details = details
+        self.kind = str(details.get("kind", self.kind))
 
     @classmethod
     def of(cls, response: httpx.Response) -> RunnerRejected:
@@ -169,28 +173,27 @@ class RunnerProcess:
         return RunnerError(f"the model runner made no progress for {silent_for:g} s and was stopped; "
                            "the next request loads the model again")
 
-    async def post(self, path: str, body: dict[str, Any]) -> Any:
-        try:
-            response = await self.http.post(path, json=body)
-        except httpx.ReadTimeout:
-            raise self._stop_wedged(self.progress_timeout) from None
-        except httpx.TransportError:
-            raise RunnerError(self.failure() if self.process.returncode is not None else "runner unreachable") from None
-        if response.status_code == 400:
-            raise RunnerRejected.of(response)
-        if response.is_error:
-            raise RunnerError(response.json().get("error", response.text))
-        return response.json()
-
     async def status(self) -> dict[str, Any]:
         try:
             return (await self.http.get("/status", timeout=self.status_timeout)).json()
         except httpx.TimeoutException:
             raise self._stop_wedged(self.status_timeout) from None
 
-    async def completion(self, body: Completion) -> AsyncIterator[PrefillEvent | TokenEvent | DoneEvent]:
+    async def completion(self, body: Completion,
+                         images: Mapping[str, bytes] = {}) -> AsyncIterator[PrefillEvent | TokenEvent | DoneEvent]:
         """The runner's events for `body`; a failure it reports, or a runner that dies mid-stream, raises
-        RunnerError."""
+        RunnerError. `images` are the bytes of `body.media`'s images, by digest: written to files in the runner's
+        folder that the body names, removed once the completion is over."""
+        with tempfile.TemporaryDirectory(dir=self.workdir, prefix="media-") if body.media else nullcontext() as folder:
+            if body.media:
+                await anyio.to_thread.run_sync(_write_images, Path(folder), images)
+                body = attrs.evolve(body, media=[attrs.evolve(span, path=str(Path(folder) / span.digest))
+                                                 for span in body.media])
+            async with aclosing(self._events(body)) as events:
+                async for event in events:
+                    yield event
+
+    async def _events(self, body: Completion) -> AsyncIterator[PrefillEvent | TokenEvent | DoneEvent]:
         try:
             async with self.http.stream("POST", "/completion", json=unstructure(body)) as response:
                 if response.status_code == 400:
@@ -209,3 +212,8 @@ class RunnerProcess:
             raise RunnerError(
                 self.failure() if self.process.returncode is not None else "lost the connection to the model runner"
             ) from None
+
+
+def _write_images(folder: Path, images: Mapping[str, bytes]) -> None:
+    for digest, data in images.items():
+        (folder / digest).write_bytes(data)
