@@ -5,7 +5,11 @@ import httpx
 import jsonschema
 import pytest
 
-from plugd.server.openapi import BODIES
+# Every route that reads a JSON body.
+BODIES = [("post", "/api/show"), ("post", "/api/verify"), ("post", "/api/copy"), ("delete", "/api/delete"),
+          ("post", "/api/create"), ("post", "/api/generate"), ("post", "/api/chat"), ("post", "/api/pull"),
+          ("post", "/api/push"), ("post", "/v1/chat/completions"), ("post", "/v1/completions"),
+          ("post", "/v1/responses"), ("post", "/v1/messages"), ("post", "/v1/messages/count_tokens")]
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +46,9 @@ def test_every_route_that_reads_a_body_documents_it(document):
     ("/v1/messages", {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}],
                       "system": [{"type": "text", "text": "Be brief."}], "stream": True}),
     ("/v1/responses", {"model": "m", "input": "hi", "tools": [{"type": "web_search"}], "reasoning": {"effort": "low"}}),
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                              "stream_options": {"include_usage": True}, "max_tokens": 5, "temperature": 0.2,
+                              "response_format": {"type": "json_object"}}),
 ])
 def test_real_bodies_validate_against_their_schemas(document, path, body):
     jsonschema.validate(body, body_schema(document, "post", path))

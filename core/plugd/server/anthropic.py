@@ -17,7 +17,7 @@ from plugd.server.anthropic_request import (
     thinking_hidden,
 )
 from plugd.server.anthropic_response import MessageStream, whole_message
-from plugd.server.bodies import read_body
+from plugd.server.bodies import json_body
 from plugd.server.streaming import respond
 
 
@@ -25,22 +25,20 @@ def _headers(request: Request) -> dict[str, str]:
     return {name.lower(): value for name, value in request.headers.items()}
 
 
-@post("/v1/messages", status_code=200)
-async def messages(request: Request, services: Services) -> Any:
-    body = await read_body(request, MessagesBody)
-    chat = messages_request(body, _headers(request))
-    hidden = thinking_hidden(body)
+@post("/v1/messages", status_code=200, dependencies=json_body(MessagesBody))
+async def messages(request: Request, services: Services, payload: MessagesBody) -> Any:
+    chat = messages_request(payload, _headers(request))
+    hidden = thinking_hidden(payload)
 
     async def whole(first: Delta | Final, events: AsyncIterator[Delta | Final]) -> dict[str, Any]:
-        return await whole_message(body.model, first, events, hidden)
+        return await whole_message(payload.model, first, events, hidden)
 
-    return await respond(request, services, chat, MessageStream(body.model, hidden) if body.stream else None, whole)
+    return await respond(request, services, chat, MessageStream(payload.model, hidden) if payload.stream else None, whole)
 
 
-@post("/v1/messages/count_tokens", status_code=200)
-async def count_tokens(request: Request, services: Services) -> dict[str, int]:
-    body = await read_body(request, ConversationBody)
-    chat = conversation_request(body, _headers(request))
+@post("/v1/messages/count_tokens", status_code=200, dependencies=json_body(ConversationBody))
+async def count_tokens(request: Request, services: Services, payload: ConversationBody) -> dict[str, int]:
+    chat = conversation_request(payload, _headers(request))
     return {"input_tokens": await pipeline.count_tokens(services, chat)}
 
 

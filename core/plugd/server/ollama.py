@@ -18,7 +18,7 @@ from litestar import Request, Response, delete, get, head, post
 from plugd import __version__
 from plugd.chat.pipeline import Services
 from plugd.scheduler.runner_client import RunnerError, RunnerProcess
-from plugd.server.bodies import BadRequest, read_body
+from plugd.server.bodies import BadRequest, json_body
 from plugd.server.model_views import details, show_payload, tags_entry
 from plugd.server.sse import NDJSON, streamed
 from plugd.store.create import CreateRequest, create_model
@@ -134,46 +134,42 @@ async def _status(runner: RunnerProcess) -> dict[str, Any]:
         return {}
 
 
-@post("/api/show", status_code=200)
-async def show(request: Request, services: Services) -> dict[str, Any]:
-    body = await read_body(request, ModelRequest)
+@post("/api/show", status_code=200, dependencies=json_body(ModelRequest))
+async def show(services: Services, payload: ModelRequest) -> dict[str, Any]:
     store = services.store
-    name = body.model_name()
+    name = payload.model_name()
     registry = services.registry
     return await anyio.to_thread.run_sync(
-        lambda: show_payload(store, store.get(name), verbose=body.verbose, registry=registry))
+        lambda: show_payload(store, store.get(name), verbose=payload.verbose, registry=registry))
 
 
-@post("/api/verify", status_code=200)
-async def verify(request: Request, services: Services) -> dict[str, Any]:
+@post("/api/verify", status_code=200, dependencies=json_body(ModelRequest))
+async def verify(services: Services, payload: ModelRequest) -> dict[str, Any]:
     """plugd's own: every blob of the named model (of all models without a name) hashed against its digest."""
-    body = await read_body(request, ModelRequest)
     store = services.store
 
     def check() -> list[dict[str, Any]]:
-        models = [store.get(body.model_name())] if body.model or body.name else store.list()
+        models = [store.get(payload.model_name())] if payload.model or payload.name else store.list()
         return [{"name": m.name.display(), "damaged": damage(store, m.manifest, full=True)} for m in models]
 
     return {"models": await anyio.to_thread.run_sync(check)}
 
 
-@post("/api/copy", status_code=200)
-async def copy(request: Request, services: Services) -> None:
-    body = await read_body(request, CopyRequest)
-    source, destination = ModelName.parse(body.source), ModelName.parse(body.destination)
+@post("/api/copy", status_code=200, dependencies=json_body(CopyRequest))
+async def copy(services: Services, payload: CopyRequest) -> None:
+    source, destination = ModelName.parse(payload.source), ModelName.parse(payload.destination)
     store = services.store
     await anyio.to_thread.run_sync(store.copy, source, destination)
 
 
-@delete("/api/delete", status_code=200)
-async def delete_model(request: Request, services: Services) -> None:
+@delete("/api/delete", status_code=200, dependencies=json_body(ModelRequest))
+async def delete_model(services: Services, payload: ModelRequest) -> None:
     """Delete a model; its runner unloads too (once its requests finish) unless another name still refers to it."""
-    body = await read_body(request, ModelRequest)
     store = services.store
 
     def delete() -> str | None:
-        digest = store.get(body.model_name()).manifest.digest()
-        store.delete(body.model_name())
+        digest = store.get(payload.model_name()).manifest.digest()
+        store.delete(payload.model_name())
         return None if any(m.manifest.digest() == digest for m in store.list()) else digest
 
     if orphaned := await anyio.to_thread.run_sync(delete):
@@ -198,14 +194,13 @@ async def upload_blob(request: Request, services: Services, digest: str) -> Resp
     return Response(None, status_code=201)
 
 
-@post("/api/create", status_code=200)
-async def create(request: Request, services: Services) -> Any:
-    body = await read_body(request, CreateRequest)
+@post("/api/create", status_code=200, dependencies=json_body(CreateRequest))
+async def create(services: Services, payload: CreateRequest) -> Any:
     store, registry = services.store, services.registry
     statuses: list[str] = []
-    await anyio.to_thread.run_sync(lambda: create_model(store, registry, body, statuses.append))
+    await anyio.to_thread.run_sync(lambda: create_model(store, registry, payload, statuses.append))
     statuses.append("success")
-    if not body.stream:
+    if not payload.stream:
         return Response({"status": "success"}, status_code=200)
     return streamed(_ndjson({"status": s} for s in statuses), NDJSON)
 

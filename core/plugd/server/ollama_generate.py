@@ -13,7 +13,7 @@ from litestar import Request, Response, post
 from plugd.chat import pipeline
 from plugd.chat.pipeline import ChatRequest, Delta, Final, Prefill, Services
 from plugd.media import base64_image
-from plugd.server.bodies import BadRequest, read_body
+from plugd.server.bodies import BadRequest, json_body
 from plugd.server.sse import NDJSON
 from plugd.server.streaming import StreamFormat, respond
 from plugd.types import Media, Message, Think, Tool, ToolCall
@@ -201,31 +201,29 @@ async def _respond(request: Request, services: Services, kind: str, chat: ChatRe
     return await respond(request, services, chat, stream, whole)
 
 
-@post("/api/generate", status_code=200)
-async def generate(request: Request, services: Services) -> Any:
-    body = await read_body(request, GenerateBody)
-    if body.suffix:
-        raise BadRequest(f"model '{body.model}' does not support insert")
-    images = _images(body.images)
-    if images and body.raw:
+@post("/api/generate", status_code=200, dependencies=json_body(GenerateBody))
+async def generate(request: Request, services: Services, payload: GenerateBody) -> Any:
+    if payload.suffix:
+        raise BadRequest(f"model '{payload.model}' does not support insert")
+    images = _images(payload.images)
+    if images and payload.raw:
         raise BadRequest("a raw prompt has no place for images: the model's renderer places them; send them without raw")
-    if images and not body.prompt:
+    if images and not payload.prompt:
         raise BadRequest("images need a prompt to go with them")
-    chat = ChatRequest(**_common(request, body), system=body.system,
-                       messages=[] if not body.prompt or body.raw else [Message("user", body.prompt, images=images)],
-                       raw_prompt=body.prompt if body.raw and body.prompt else None)
-    if body.template:
+    chat = ChatRequest(**_common(request, payload), system=payload.system,
+                       messages=[] if not payload.prompt or payload.raw else [Message("user", payload.prompt, images=images)],
+                       raw_prompt=payload.prompt if payload.raw and payload.prompt else None)
+    if payload.template:
         raise BadRequest("a per-request template is not supported; set TEMPLATE in a Modelfile")
-    return await _respond(request, services, "generate", chat, body)
+    return await _respond(request, services, "generate", chat, payload)
 
 
-@post("/api/chat", status_code=200)
-async def chat(request: Request, services: Services) -> Any:
-    body = await read_body(request, ChatBody)
-    tools = [Tool(t.function.name, t.function.description, t.function.parameters) for t in body.tools or []]
-    messages = [_message(m) for m in body.messages]
-    chat_request = ChatRequest(**_common(request, body), messages=messages, tools=tools)
-    return await _respond(request, services, "chat", chat_request, body)
+@post("/api/chat", status_code=200, dependencies=json_body(ChatBody))
+async def chat(request: Request, services: Services, payload: ChatBody) -> Any:
+    tools = [Tool(t.function.name, t.function.description, t.function.parameters) for t in payload.tools or []]
+    messages = [_message(m) for m in payload.messages]
+    chat_request = ChatRequest(**_common(request, payload), messages=messages, tools=tools)
+    return await _respond(request, services, "chat", chat_request, payload)
 
 
 ROUTES = [generate, chat]

@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 from attrs import define
-from litestar import Request, Response, post
+from litestar import Response, post
 
 from plugd.chat.pipeline import Services
 from plugd.hub.pull import pull_from_hub
@@ -23,7 +23,7 @@ from plugd.hub.reference import is_hub_host
 from plugd.registry.errors import RegistryError
 from plugd.registry.pull import pull_model
 from plugd.registry.push import push_model
-from plugd.server.bodies import BadRequest, read_body
+from plugd.server.bodies import BadRequest, json_body
 from plugd.server.sse import NDJSON, streamed
 from plugd.store.names import ModelName
 
@@ -45,26 +45,24 @@ class TransferRequest:
         return ModelName.parse(self.model or self.name)
 
 
-@post("/api/pull", status_code=200)
-async def pull(request: Request, services: Services) -> Any:
-    body = await read_body(request, TransferRequest)
-    name, store = body.model_name(), services.store
+@post("/api/pull", status_code=200, dependencies=json_body(TransferRequest))
+async def pull(services: Services, payload: TransferRequest) -> Any:
+    name, store = payload.model_name(), services.store
     if is_hub_host(name.host):  # the name as typed: the Hub's repository names are case-sensitive
-        job = partial(pull_from_hub, store, services.registry, body.model or body.name)
+        job = partial(pull_from_hub, store, services.registry, payload.model or payload.name)
     else:
-        job = partial(pull_model, store, name, insecure=body.insecure)
-    return await _transfer(job, body.stream)
+        job = partial(pull_model, store, name, insecure=payload.insecure)
+    return await _transfer(job, payload.stream)
 
 
-@post("/api/push", status_code=200)
-async def push(request: Request, services: Services) -> Any:
-    body = await read_body(request, TransferRequest)
-    store, name = services.store, body.model_name()
+@post("/api/push", status_code=200, dependencies=json_body(TransferRequest))
+async def push(services: Services, payload: TransferRequest) -> Any:
+    store, name = services.store, payload.model_name()
     if is_hub_host(name.host):
         raise BadRequest(f"plugd does not push to the Hugging Face Hub ({name.host}); upload a model directory "
                          "there with `hf upload`, or push to an OCI registry")
     await anyio.to_thread.run_sync(store.get, name)  # an unknown model is a 404 before anything streams
-    return await _transfer(partial(push_model, store, name, insecure=body.insecure), body.stream)
+    return await _transfer(partial(push_model, store, name, insecure=payload.insecure), payload.stream)
 
 
 async def _transfer(job: Job, stream: bool) -> Response[Any]:

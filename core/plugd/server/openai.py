@@ -11,6 +11,7 @@ from litestar import Request, get, post
 from plugd.chat import pipeline
 from plugd.chat.pipeline import ChatRequest, Delta, Final, Prefill, Services
 from plugd.server import openai_request
+from plugd.server.bodies import json_body
 from plugd.server.openai_output import ChatWriter, TextWriter, Writer
 from plugd.server.openai_request import ChatBody, CompletionBody
 from plugd.server.sse import sse_event
@@ -53,18 +54,16 @@ async def _respond(request: Request, services: Services, chat: ChatRequest, writ
     return await respond(request, services, chat, _ChunkStream(request.url.path, writer) if stream else None, whole)
 
 
-@post("/v1/chat/completions", status_code=200)
-async def chat_completions(request: Request, services: Services) -> Any:
-    body = await openai_request.read(request, ChatBody)
-    chat = openai_request.chat_request(request, body)
-    return await _respond(request, services, chat, ChatWriter(body.model, body.include_usage), body.stream)
+@post("/v1/chat/completions", status_code=200, dependencies=json_body(ChatBody, openai_request.read))
+async def chat_completions(request: Request, services: Services, payload: ChatBody) -> Any:
+    chat = openai_request.chat_request(request, payload)
+    return await _respond(request, services, chat, ChatWriter(payload.model, payload.include_usage), payload.stream)
 
 
-@post("/v1/completions", status_code=200)
-async def completions(request: Request, services: Services) -> Any:
-    body = await openai_request.read(request, CompletionBody)
-    chat = openai_request.completion_request(request, body)
-    return await _respond(request, services, chat, TextWriter(body.model, body.include_usage), body.stream)
+@post("/v1/completions", status_code=200, dependencies=json_body(CompletionBody, openai_request.read))
+async def completions(request: Request, services: Services, payload: CompletionBody) -> Any:
+    chat = openai_request.completion_request(request, payload)
+    return await _respond(request, services, chat, TextWriter(payload.model, payload.include_usage), payload.stream)
 
 
 def _model_entry(model: StoredModel) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from litestar.exceptions import NotFoundException
 
 from plugd.chat import pipeline
 from plugd.chat.pipeline import ChatRequest, Delta, Final, Prefill, Services
-from plugd.server.bodies import BadRequest, read_body
+from plugd.server.bodies import BadRequest, json_body
 from plugd.server.openai_responses_input import NOT_STORED, input_messages
 from plugd.server.openai_responses_tools import ResponsesTools, tool_choice
 from plugd.server.sse import sse_event
@@ -308,18 +308,17 @@ class ResponseStream(StreamFormat):
         return _sse(self.builder.fail(error["message"], error["code"] or "server_error"))
 
 
-@post("/v1/responses", status_code=200)
-async def create_response(request: Request, services: Services) -> Any:
-    body = await read_body(request, ResponsesBody)
-    tools = ResponsesTools(body.tools)
-    chat = chat_request(body, tools, dict(request.headers))
-    builder = ResponseBuilder(body, tools)
+@post("/v1/responses", status_code=200, dependencies=json_body(ResponsesBody))
+async def create_response(request: Request, services: Services, payload: ResponsesBody) -> Any:
+    tools = ResponsesTools(payload.tools)
+    chat = chat_request(payload, tools, dict(request.headers))
+    builder = ResponseBuilder(payload, tools)
 
     async def whole(first: Delta | Final, events: AsyncIterator[Delta | Final]) -> dict[str, Any]:
         builder.finish(await pipeline.drain(first, events, builder.feed))
         return builder.response
 
-    return await respond(request, services, chat, ResponseStream(builder) if body.stream else None, whole)
+    return await respond(request, services, chat, ResponseStream(builder) if payload.stream else None, whole)
 
 
 @get(["/v1/responses/{response_id:str}", "/v1/responses/{response_id:str}/input_items"], sync_to_thread=False)

@@ -1,6 +1,7 @@
-"""The OpenAPI document as the endpoints behave: each operation's request body, from the attrs class its route
-reads (plugd.server.bodies.read_body), and its errors in its dialect's own shape (plugd.server.errors), where
-Litestar alone would document neither (routes read their bodies themselves) and its own error shape instead."""
+"""The OpenAPI document as the endpoints behave: each operation's request body, from the attrs class its handler
+takes (plugd.server.bodies.json_body), and its errors in its dialect's own shape (plugd.server.errors), where
+Litestar alone would document neither (the bodies are read by plugd's strict reader, not Litestar's) and its own
+error shape instead."""
 
 from __future__ import annotations
 
@@ -12,27 +13,8 @@ import attrs
 from litestar import Litestar
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, OpenAPIType, RequestBody, Schema
 
-from plugd.server import anthropic, ollama, ollama_generate, ollama_registry, openai_responses
 from plugd.server.errors import dialect_of
 
-# The JSON bodies the routes read, by method and path; OpenAI's chat and completions bodies are read as objects
-# and checked field by field (plugd.server.openai_request), documented as such.
-BODIES: dict[tuple[str, str], Any] = {
-    ("post", "/api/show"): ollama.ModelRequest,
-    ("post", "/api/verify"): ollama.ModelRequest,
-    ("post", "/api/copy"): ollama.CopyRequest,
-    ("delete", "/api/delete"): ollama.ModelRequest,
-    ("post", "/api/create"): ollama.CreateRequest,
-    ("post", "/api/generate"): ollama_generate.GenerateBody,
-    ("post", "/api/chat"): ollama_generate.ChatBody,
-    ("post", "/api/pull"): ollama_registry.TransferRequest,
-    ("post", "/api/push"): ollama_registry.TransferRequest,
-    ("post", "/v1/chat/completions"): dict[str, Any],
-    ("post", "/v1/completions"): dict[str, Any],
-    ("post", "/v1/responses"): openai_responses.ResponsesBody,
-    ("post", "/v1/messages"): anthropic.MessagesBody,
-    ("post", "/v1/messages/count_tokens"): anthropic.ConversationBody,
-}
 ERROR_STATUSES = {"400": "the request is malformed or cannot be served as asked",
                   "404": "no such model", "500": "the model or its runner failed",
                   "503": "too many requests are waiting (see Retry-After)"}
@@ -81,14 +63,25 @@ def _json(schema: Schema) -> dict[str, OpenAPIMediaType]:
     return {"application/json": OpenAPIMediaType(schema=schema)}
 
 
+def _bodies(app: Litestar) -> dict[tuple[str, str], Any]:
+    """The body type of each operation, by method and path: the `payload` its handler takes."""
+    bodies = {}
+    for route in app.routes:
+        for handler in getattr(route, "route_handlers", ()):
+            if (payload := handler.parsed_fn_signature.parameters.get("payload")) is not None:
+                bodies |= {(method.lower(), route.path): payload.annotation for method in handler.http_methods}
+    return bodies
+
+
 def describe_bodies_and_errors(app: Litestar) -> None:
     """Fill in `app`'s OpenAPI document: request bodies, and every operation's errors in its dialect's shape."""
+    bodies = _bodies(app)
     for path, item in app.openapi_schema.paths.items():
         for method in ("get", "post", "delete", "head"):
             operation = getattr(item, method, None)
             if operation is None:
                 continue
-            if (body := BODIES.get((method, path))) is not None:
+            if (body := bodies.get((method, path))) is not None:
                 operation.request_body = RequestBody(content=_json(schema_of(body)), required=True)
             errors = _ERROR_SCHEMAS[dialect_of(path)]
             operation.responses = {status: response for status, response in (operation.responses or {}).items()
