@@ -38,6 +38,13 @@ from plugd.hookspecs import hookimpl
 def plugd_architectures():
     return ["not an Architecture"]
 """
+VISION_WITHOUT_MEDIA_TOKENS = """
+from plugd.hookspecs import Architecture, hookimpl
+
+@hookimpl
+def plugd_architectures():
+    return [Architecture("seeing", "nowhere", media_types=frozenset({"image/png"}))]
+"""
 BAD_SIGNATURE = """
 from plugd.hookspecs import hookimpl
 
@@ -77,7 +84,7 @@ def plugd_renderers():
     return [Renderer(name="current", render=lambda request: Prompt(text="current"))]
 """
 BROKEN = {"import-error": IMPORT_ERROR, "raising": RAISES, "wrong-type": WRONG_TYPE, "bad-signature": BAD_SIGNATURE,
-          "misnamed-hook": MISNAMED_HOOK}
+          "misnamed-hook": MISNAMED_HOOK, "vision-without-media-tokens": VISION_WITHOUT_MEDIA_TOKENS}
 
 
 @pytest.fixture
@@ -105,6 +112,8 @@ def test_broken_plugins_are_listed_as_failed_and_the_rest_load(site):
     assert "parser table on fire" in listed["raising"]["error"]
     assert listed["wrong-type"]["status"] == "failed"
     assert "expected Architecture" in listed["wrong-type"]["error"]
+    assert listed["vision-without-media-tokens"]["status"] == "failed"
+    assert "takes images but says no media_tokens" in listed["vision-without-media-tokens"]["error"]
     assert listed["bad-signature"]["status"] == "failed"
     assert "{'unexpected_argument'} are declared in the hookimpl" in listed["bad-signature"]["error"]
     # A misspelt hook would do nothing at all; an optional one is meant for a later plugd and is let be.
@@ -178,10 +187,9 @@ def trace_lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == plugins.trace_log.name]
 
 
-def test_trace_logs_hook_calls_and_calls_into_what_they_returned(site, monkeypatch, caplog):
-    monkeypatch.setenv("PLUGD_TRACE_PLUGINS", "good")
+def test_trace_logs_hook_calls_and_calls_into_what_they_returned(site, caplog):
     with caplog.at_level(logging.INFO, logger=plugins.trace_log.name):
-        shout = plugins.load().renderers()["shout"]
+        shout = plugins.load(traced=["good"]).renderers()["shout"]
         prompt = shout.render(RenderRequest(model=ModelFiles(config={}), messages=[Message(role="user", content="hi")]))
     assert prompt.text == "HI"
     lines = trace_lines(caplog)
@@ -191,17 +199,15 @@ def test_trace_logs_hook_calls_and_calls_into_what_they_returned(site, monkeypat
     assert len(lines) == 2, "only the plugins named are traced"
 
 
-def test_trace_all_includes_builtins_and_failures(site, monkeypatch, caplog):
-    monkeypatch.setenv("PLUGD_TRACE_PLUGINS", "1")
+def test_trace_all_includes_builtins_and_failures(site, caplog):
     with caplog.at_level(logging.INFO, logger=plugins.trace_log.name):
-        plugins.load()
+        plugins.load(traced=[plugins.TRACE_ALL])
     lines = trace_lines(caplog)
     assert any(line.startswith("jinja_renderer: plugd_renderers() -> [Renderer jinja]") for line in lines)
     assert any(line.startswith("raising: plugd_parsers() raised RuntimeError('parser table on fire')") for line in lines)
 
 
-def test_without_tracing_descriptors_are_the_plugins_own(site, monkeypatch, caplog):
-    monkeypatch.delenv("PLUGD_TRACE_PLUGINS", raising=False)
+def test_without_tracing_descriptors_are_the_plugins_own(site, caplog):
     with caplog.at_level(logging.INFO, logger=plugins.trace_log.name):
         shout = plugins.load().renderers()["shout"]
     assert not hasattr(shout.render, "__wrapped__") and not trace_lines(caplog)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from plugd import plugins
 from plugd.settings import Settings
 
 
@@ -21,13 +22,16 @@ def test_each_variable_is_read_into_its_setting():
         "PLUGD_MAX_LOADED_MODELS": "2", "PLUGD_MAX_QUEUE": "7", "PLUGD_CONTEXT_LENGTH": "8192",
         "PLUGD_LOAD_TIMEOUT": "30", "PLUGD_RUNNER_TIMEOUT": "2.5", "PLUGD_LOG_LEVEL": "debug",
         "PLUGD_ORIGINS": "https://a.example, https://b.example", "PLUGD_CACHE_POLICY": "single-slot",
-        "PLUGD_CLIENT_RENDERERS": "claude-code"})
+        "PLUGD_CLIENT_RENDERERS": "claude-code", "PLUGD_PLUGINS": "qwen, gemma", "PLUGD_TRACE_PLUGINS": "qwen"})
     assert settings == Settings(
         address=("127.0.0.1", 8080), models=Path("/srv/models"), prune=False, keep_alive="-1", max_loaded_models=2,
         max_queue=7, context_length=8192, load_timeout=30.0, runner_timeout=2.5, log_level="DEBUG",
         origins=("https://a.example", "https://b.example"), cache_policy="single-slot",
-        client_renderers=("claude-code",))
+        client_renderers=("claude-code",), plugins=("qwen", "gemma"), trace_plugins=("qwen",))
     assert Settings.from_environment({"PLUGD_MAX_LOADED_MODELS": "0"}).max_loaded_models == math.inf
+    assert Settings.from_environment({"PLUGD_PLUGINS": ""}).plugins == ()  # none, where unset is all
+    assert Settings.from_environment({"PLUGD_TRACE_PLUGINS": "all"}).trace_plugins == (plugins.TRACE_ALL,)
+    assert Settings.from_environment({"PLUGD_TRACE_PLUGINS": "0"}).trace_plugins == ()
 
 
 def test_an_unreadable_value_names_its_variable(tmp_path):

@@ -224,10 +224,9 @@ def test_create_errors(store, registry, tiny_qwen3, tmp_path):
     assert store.list() == []
 
 
-def test_every_way_of_creating_refuses_a_model_no_installed_plugin_runs(store, registry, tiny_qwen3, monkeypatch):
+def test_every_way_of_creating_refuses_a_model_no_installed_plugin_runs(store, registry, tiny_qwen3):
     create(store, registry, files=upload_dir(store, tiny_qwen3))
-    monkeypatch.setenv("PLUGD_PLUGINS", "")
-    without_architectures = plugins.load()
+    without_architectures = plugins.load(enabled=())
     for fields in ({"from_": "tiny"}, {"files": upload_dir(store, tiny_qwen3)}):
         with pytest.raises(CreateError, match="no installed architecture plugin runs model_type 'qwen3'; installed: none"):
             create(store, without_architectures, name="child", **fields)

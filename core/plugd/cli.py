@@ -13,9 +13,9 @@ from typing import Any
 
 import attrs
 
-from plugd import __version__, plugins
+from plugd import __version__
 from plugd.client import DaemonClient, DaemonError
-from plugd.settings import environment_help
+from plugd.settings import Settings, environment_help
 from plugd.store.model_dir import model_directory_files
 from plugd.store.modelfile import ModelfileError, parse_modelfile
 from plugd.store.names import ModelName
@@ -185,7 +185,7 @@ def cmd_create(args: argparse.Namespace) -> None:
 
 
 def cmd_plugins(args: argparse.Namespace) -> None:
-    registry = plugins.load()
+    registry = Settings.from_environment().load_plugins()
     if args.json:
         print(json.dumps([attrs.asdict(p) for p in registry.plugins], indent=2))
         return

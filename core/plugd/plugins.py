@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from importlib import metadata
 from types import ModuleType
 from typing import Any
@@ -37,7 +36,7 @@ log = logging.getLogger(__name__)
 trace_log = logging.getLogger(__name__ + ".trace")
 ENTRY_POINT_GROUP = "plugd"
 API_ATTRIBUTE = "PLUGD_API"
-TRACE_ALL = frozenset({"1", "true", "yes", "all"})
+TRACE_ALL = "*"  # in `traced`: every plugin
 SUMMARY_CHARS = 160
 DESCRIPTORS = tuple(hookspecs.HOOKS.values())
 
@@ -82,13 +81,6 @@ def _descriptor_name(item: Any) -> str:
     return getattr(item, "name", None) or item.model_type
 
 
-def _enabled_names() -> set[str] | None:
-    value = os.environ.get("PLUGD_PLUGINS")
-    if value is None:
-        return None
-    return {n.strip() for n in value.split(",") if n.strip()}
-
-
 def _entry_points() -> Iterable[metadata.EntryPoint]:
     return sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
 
@@ -111,16 +103,6 @@ def api_refusal(declared: object) -> str | None:
     newer = parts > (core_major, core_minor)
     remedy = "upgrade plugd or install an older release of the plugin" if newer else "upgrade the plugin"
     return f"built for plugd plugin API {declared}, but this plugd has plugin API {core}: {remedy}"
-
-
-def _traced_names() -> frozenset[str] | None:
-    """Plugins whose hook calls are traced: None for none, TRACE_ALL for all."""
-    value = os.environ.get("PLUGD_TRACE_PLUGINS", "").strip()
-    if not value or value == "0":
-        return None
-    if value.lower() in TRACE_ALL:
-        return TRACE_ALL
-    return frozenset(n.strip() for n in value.split(",") if n.strip())
 
 
 def _summary(value: Any) -> str:
@@ -161,8 +143,10 @@ def _ms_since(started: float) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def load() -> Registry:
-    """Load built-in and entry-point plugins and collect what their hooks return."""
+def load(enabled: Collection[str] | None = None, traced: Collection[str] = ()) -> Registry:
+    """Load built-in and entry-point plugins and collect what their hooks return: of the entry points, those
+    `enabled` names (by entry point or distribution; None: all). Hook calls of the plugins `traced` names (TRACE_ALL:
+    every one) are logged (PLUGD_PLUGINS and PLUGD_TRACE_PLUGINS, in plugd.settings.Settings)."""
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     infos: list[PluginInfo] = []
@@ -175,12 +159,11 @@ def load() -> Registry:
         infos.append(info)
         modules.append((info, module))
 
-    enabled = _enabled_names()
     for ep in _entry_points():
         dist = ep.dist
         info = PluginInfo(name=ep.name, version=dist.version if dist else "?")
         infos.append(info)
-        if enabled is not None and not ({ep.name, dist.name if dist else ""} & enabled):
+        if enabled is not None and not ({ep.name, dist.name if dist else ""} & set(enabled)):
             info.status = "disabled"
             continue
         try:
@@ -206,7 +189,7 @@ def load() -> Registry:
             continue
         info.hooks = sorted(impl_name for impl_name in dir(module) if impl_name in hookspecs.HOOKS)
 
-    items = _collect(pm, {id(m): info for info, m in modules}, _traced_names())
+    items = _collect(pm, {id(m): info for info, m in modules}, traced)
     for info in infos:
         if info.status == "failed":
             for hook in items:
@@ -233,7 +216,7 @@ def _unknown_hooks(pm: pluggy.PluginManager, module: ModuleType) -> list[str]:
 
 
 def _collect(
-    pm: pluggy.PluginManager, info_of: dict[int, PluginInfo], traced: frozenset[str] | None
+    pm: pluggy.PluginManager, info_of: dict[int, PluginInfo], traced: Collection[str]
 ) -> dict[str, list[tuple[PluginInfo, Any]]]:
     """Call each implementation of each hook on its own, so one raising plugin cannot hide the others."""
     items: dict[str, list[tuple[PluginInfo, Any]]] = {}
@@ -244,7 +227,7 @@ def _collect(
             info = info_of[id(impl.plugin)]
             if info.status == "failed":
                 continue
-            tracing = traced is not None and (traced is TRACE_ALL or info.name in traced)
+            tracing = TRACE_ALL in traced or info.name in traced
             call = _traced_call(f"{info.name}: {hook}", impl.function) if tracing else impl.function
             try:
                 result = list(call() or ())

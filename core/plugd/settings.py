@@ -1,8 +1,8 @@
 """Settings read from the environment, shared by the daemon and the CLI.
 
 The daemon reads its settings once, at start (`Settings.from_environment`), and hands them to what needs them;
-nothing it runs reads the environment again. (Plugin loading and the registry client, which the CLI shares, read
-theirs when called.)
+nothing it runs reads the environment again. (The registry client, which the CLI shares, reads its credentials'
+and certificates' locations when a transfer starts.)
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from attrs import define, field
+
+from plugd import plugins
+from plugd.plugins import Registry
 
 DEFAULT_PORT = 11434
 
@@ -99,6 +102,12 @@ def _names(value: str | None) -> tuple[str, ...]:
     return tuple(name.strip() for name in (value or "").split(",") if name.strip())
 
 
+def _traced(value: str) -> tuple[str, ...]:
+    if value.strip().lower() in ("1", "true", "yes", "all"):
+        return (plugins.TRACE_ALL,)
+    return () if value.strip() == "0" else _names(value)
+
+
 def _number(name: str, value: str | None, kind: type, default: float | None) -> float | None:
     value = (value or "").strip()
     if not value:
@@ -127,6 +136,8 @@ class Settings:
     origins: tuple[str, ...] = ()
     cache_policy: str | None = None
     client_renderers: tuple[str, ...] = ()
+    plugins: tuple[str, ...] | None = None  # the plugins to load; None: all
+    trace_plugins: tuple[str, ...] = ()  # those whose hook calls are logged; TRACE_ALL: every one
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] = os.environ) -> Settings:
@@ -151,4 +162,10 @@ class Settings:
             origins=_names(environ.get("PLUGD_ORIGINS")),
             cache_policy=environ.get("PLUGD_CACHE_POLICY") or default.cache_policy,
             client_renderers=_names(environ.get("PLUGD_CLIENT_RENDERERS")),
+            plugins=None if environ.get("PLUGD_PLUGINS") is None else _names(environ["PLUGD_PLUGINS"]),
+            trace_plugins=_traced(environ.get("PLUGD_TRACE_PLUGINS", "")),
         )
+
+    def load_plugins(self) -> Registry:
+        """The plugins these settings enable, loaded."""
+        return plugins.load(self.plugins, self.trace_plugins)

@@ -10,7 +10,7 @@ import sys
 
 import uvicorn
 
-from plugd import __version__, plugins
+from plugd import __version__
 from plugd.scratch import remove_orphans
 from plugd.server.app import create_app
 from plugd.server.cors import cors_config, origin_guard
@@ -66,7 +66,7 @@ def serve() -> int:
         store.prune()
     else:
         store.blobs.remove_partials()
-    registry = plugins.load()
+    registry = settings.load_plugins()
     log.info("models in %s; plugins: %s", store.root, ", ".join(f"{p.name} ({p.status})" for p in registry.plugins))
     app = origin_guard(create_app(store, registry, settings), cors_config(settings.origins))
     if ipaddress.ip_address(sock.getsockname()[0]).is_loopback:
