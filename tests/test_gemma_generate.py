@@ -14,7 +14,7 @@ import pytest
 from mlx_lm.sample_utils import make_sampler
 
 from plugd import plugins
-from plugd.protocol import CompletionRequest, SamplingParams
+from plugd.protocol import Completion, SamplingParams
 from plugd.runner.generate import Engine
 from plugd.runner.loading import load_model
 from plugd.testing.checkpoints import write_checkpoint
@@ -33,7 +33,7 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 
 def complete(engine: Engine, tokens: list[int], num_predict: int = 8):
-    request = CompletionRequest(tokens=tokens, sampling=GREEDY, num_predict=num_predict, num_ctx=512, num_keep=0,
+    request = Completion(tokens=tokens, sampling=GREEDY, num_predict=num_predict, num_ctx=512, num_keep=0,
                                 stop=[])
     *events, done = engine.complete(request, lambda: False)
     return [event.token for event in events], done

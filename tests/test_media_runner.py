@@ -17,7 +17,7 @@ from PIL import Image
 from plugd import plugins
 from plugd.chat.request import InvalidRequest
 from plugd.chat.tokens import encode_prompt
-from plugd.protocol import CompletionRequest, MediaSpan, SamplingParams
+from plugd.protocol import Completion, MediaSpan, SamplingParams
 from plugd.runner.cache_policy import make_policy, single_slot
 from plugd.runner.generate import Engine, fit_prompt
 from plugd.runner.loading import load_model
@@ -74,9 +74,9 @@ def encode(gemma3, tmp_path):
 
 
 def complete(engine: Engine, prompt: RunnerPrompt, num_predict: int = 6, num_ctx: int = 512):
-    request = CompletionRequest(tokens=prompt.tokens, keys=prompt.keys, sampling=GREEDY, num_predict=num_predict,
-                                num_ctx=num_ctx, num_keep=0, stop=[], logprobs=True)
-    *events, done = engine.complete(request, lambda: False, None, prompt.images)
+    request = Completion(tokens=prompt.tokens, sampling=GREEDY, num_predict=num_predict, num_ctx=num_ctx,
+                         logprobs=True)
+    *events, done = engine.complete(request, lambda: False, None, prompt.images, keys=prompt.keys)
     return [e.token for e in events], [e.logprob for e in events], done
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from plugd import plugins
-from plugd.protocol import CompletionRequest, SamplingParams
+from plugd.protocol import Completion, SamplingParams
 from plugd.runner.generate import Engine
 from plugd.runner.loading import load_model
 from plugd.runner_api import common_prefix
@@ -62,7 +62,7 @@ def engine(loaded, **policy_options) -> Engine:
 
 def complete(engine: Engine, prompt: list[int], cancelled=lambda: False):
     """The generated tokens, the first step's full log-distribution and the done event."""
-    request = CompletionRequest(tokens=prompt, sampling=GREEDY, num_predict=NUM_PREDICT, num_ctx=1024, num_keep=0,
+    request = Completion(tokens=prompt, sampling=GREEDY, num_predict=NUM_PREDICT, num_ctx=1024, num_keep=0,
                                 stop=[], logprobs=True, top_logprobs=engine.logits_width)
     *events, done = engine.complete(request, cancelled)
     distribution = dict(events[0].top_logprobs) if events else {}

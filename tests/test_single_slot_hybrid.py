@@ -14,7 +14,7 @@ import pytest
 from plugd import plugins
 from plugd.nn.cache import KVCache
 from plugd.nn.rotating import RotatingKVCache
-from plugd.protocol import CompletionRequest, SamplingParams
+from plugd.protocol import Completion, SamplingParams
 from plugd.runner.cache_policy import SNAPSHOTS_BEFORE_END, SingleSlotPolicy
 from plugd.runner.generate import Engine
 from plugd.runner.loading import load_model
@@ -65,7 +65,7 @@ def engine(loaded, **policy_options) -> Engine:
 
 def complete(engine: Engine, prompt: list[int]):
     """The generated tokens, the first step's full log-distribution and the done event."""
-    request = CompletionRequest(tokens=prompt, sampling=GREEDY, num_predict=NUM_PREDICT, num_ctx=1024, num_keep=0,
+    request = Completion(tokens=prompt, sampling=GREEDY, num_predict=NUM_PREDICT, num_ctx=1024, num_keep=0,
                                 stop=[], logprobs=True, top_logprobs=engine.logits_width)
     *events, done = engine.complete(request, lambda: False)
     return [event.token for event in events], dict(events[0].top_logprobs), done

@@ -112,21 +112,6 @@ class Completion:
 
 
 @define
-class CompletionRequest:
-    tokens: list[int]
-    sampling: SamplingParams
-    num_predict: int  # -1 (any negative): until the context is full
-    num_ctx: int  # prompt and generated tokens together
-    num_keep: int  # prompt tokens kept from the start when the prompt must be truncated
-    stop: list[str]
-    logprobs: bool = False
-    top_logprobs: int = 0
-    # Cache keys of the tokens where they differ from them: each position of an image run holds its image's key
-    # (plugd.runner.media); empty for a prompt without images.
-    keys: list[int] = Factory(list)
-
-
-@define
 class TokenEvent:
     """One generated token and the text it completed (empty while text is held back)."""
 
@@ -150,9 +135,9 @@ class DoneEvent:
     done_reason: str  # "stop" (end-of-sequence or stop string), "length" (num_predict or context full), "cancel"
     prompt_tokens: int  # after truncation
     prompt_eval_count: int  # prompt tokens evaluated, the reused prefix not included
-    prompt_eval_duration_ns: int
+    prompt_eval_duration: int  # nanoseconds, as every duration here
     eval_count: int  # generated tokens, an end-of-sequence token included
-    eval_duration_ns: int
+    eval_duration: int
     text: str = ""  # text still held when generation ended
     stop_sequence: str | None = None  # the stop string that ended it, if one did
     context_full: bool = False  # "length" because prompt and output filled num_ctx, not because num_predict ran out

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from plugd.protocol import CompletionRequest, DoneEvent, SamplingParams, TokenEvent
+from plugd.protocol import Completion, DoneEvent, SamplingParams, TokenEvent
 from plugd.runner.generate import Engine
 from plugd.runner.loading import load_model
 from plugd.testing.checkpoints import write_checkpoint
@@ -39,10 +39,10 @@ def engine(qwen3_model, tokenizer) -> Engine:
     return Engine(qwen3_model, tokenizer, prefill_chunk=8)
 
 
-def _request(tokens: list[int], **fields) -> CompletionRequest:
+def _request(tokens: list[int], **fields) -> Completion:
     """A completion request with test-friendly defaults (greedy, 16 tokens, a roomy context, no stops)."""
     defaults = {"sampling": GREEDY, "num_predict": 16, "num_ctx": 256, "num_keep": 0, "stop": []}
-    return CompletionRequest(tokens=tokens, **(defaults | fields))
+    return Completion(tokens=tokens, **(defaults | fields))
 
 
 def _complete(
@@ -56,7 +56,7 @@ def _complete(
 
 @pytest.fixture
 def make_request():
-    """`make_request(tokens, **request_fields) -> CompletionRequest`."""
+    """`make_request(tokens, **request_fields) -> Completion`."""
     return _request
 
 

@@ -17,7 +17,7 @@ def test_num_predict_ends_with_length(engine, complete):
     events, done = complete(engine, PROMPT[:20], num_predict=5)
     assert len(events) == 5 and done.done_reason == "length" and not done.context_full
     assert (done.prompt_tokens, done.prompt_eval_count, done.eval_count) == (20, 20, 5)
-    assert done.prompt_eval_duration_ns > 0 and done.eval_duration_ns > 0
+    assert done.prompt_eval_duration > 0 and done.eval_duration > 0
 
 
 def test_a_full_context_ends_with_length(engine, complete):

@@ -332,10 +332,12 @@ async def _runner_events(runner: RunnerProcess, body: Completion, images: dict[s
 
 
 def _final(done: DoneEvent, load_duration: int, total_duration: int) -> Final:
-    """The pipeline's final event for the runner's last one."""
-    return Final(done.done_reason, done.prompt_tokens, done.prompt_eval_count, done.prompt_eval_duration_ns,
-                 done.eval_count, done.eval_duration_ns, load_duration, total_duration, done.stop_sequence,
-                 done.context_full)
+    """The pipeline's final event for the runner's last one: its counts, timings and reasons, and the load's."""
+    carried = {name: value for name, value in attrs.asdict(done).items() if name in _FINAL_FIELDS}
+    return Final(**carried, load_duration=load_duration, total_duration=total_duration)
+
+
+_FINAL_FIELDS = frozenset(field.name for field in attrs.fields(Final))
 
 
 async def drain(first: Delta | Final, events: AsyncIterator[Delta | Final], feed: Callable[[Delta], object]) -> Final:

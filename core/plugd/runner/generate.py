@@ -26,7 +26,7 @@ import mlx.nn as nn
 from PIL import Image
 
 from plugd.constants import PREFILL_CHUNK
-from plugd.protocol import CompletionRequest, DoneEvent, PrefillEvent, TokenEvent
+from plugd.protocol import Completion, DoneEvent, PrefillEvent, TokenEvent
 from plugd.runner.cache_policy import single_slot
 from plugd.runner.grammar import TokenMask
 from plugd.runner.media import inside_run, media_runs
@@ -108,9 +108,9 @@ class _Tally:
             done_reason=reason,
             prompt_tokens=self.prompt_tokens,
             prompt_eval_count=self.prompt_eval_count,
-            prompt_eval_duration_ns=prompt_end - self.started_ns,
+            prompt_eval_duration=prompt_end - self.started_ns,
             eval_count=self.eval_count,
-            eval_duration_ns=now - prompt_end,
+            eval_duration=now - prompt_end,
             text=text,
             stop_sequence=stop_sequence,
             context_full=reason == "length" and self.fills_context,
@@ -130,17 +130,19 @@ class Engine:
         self.logits_width: int = model(mx.zeros((1, 1), mx.int32), cache=model.make_cache()).shape[-1]
 
     def complete(
-        self, request: CompletionRequest, cancelled: Callable[[], bool], grammar: Callable[[], TokenMask] | None = None,
+        self, request: Completion, cancelled: Callable[[], bool], grammar: Callable[[], TokenMask] | None = None,
         images: Mapping[int, Image.Image] | None = None, progress: Progress = lambda event: None,
+        keys: Sequence[int] | None = None,
     ) -> Iterator[TokenEvent | DoneEvent]:
         """Token events, then one DoneEvent. `cancelled` is polled between prefill chunks and decode steps;
         `progress` is told where the prefill is as it starts and after each chunk.
 
         `grammar`, for structured output, gives the request's TokenMask; it is called once the prefill is
-        done, so that compiling the grammar can overlap the prefill. `images` are the prompt's images by
-        the key `request.keys` holds at their positions.
+        done, so that compiling the grammar can overlap the prefill. `keys` are the cache keys of the prompt's
+        tokens where they differ from them (each image's span holds its image's key: plugd.runner.media), and
+        `images` the images by key. The request's media and grammar spec are the server's business.
         """
-        prompt, keys = fit_prompt(request.tokens, request.keys or request.tokens, request.num_ctx, request.num_keep)
+        prompt, keys = fit_prompt(request.tokens, keys or request.tokens, request.num_ctx, request.num_keep)
         if not prompt:
             raise ValueError("a completion needs at least one prompt token")
         if keys[-1] < 0:
@@ -156,7 +158,7 @@ class Engine:
             self.cache.finished()
 
     def _complete(
-        self, prompt: _Prompt, request: CompletionRequest, cancelled: Callable[[], bool],
+        self, prompt: _Prompt, request: Completion, cancelled: Callable[[], bool],
         grammar: Callable[[], TokenMask] | None, progress: Progress,
     ):
         tally = _Tally(len(prompt.tokens))
@@ -230,7 +232,7 @@ class Engine:
         self.cache.tokens += keys
 
     def _decode(
-        self, prompt: list[int], request: CompletionRequest, budget: int, tally: _Tally, cancelled: Callable[[], bool],
+        self, prompt: list[int], request: Completion, budget: int, tally: _Tally, cancelled: Callable[[], bool],
         mask: TokenMask | None,
     ) -> Iterator[TokenEvent | DoneEvent]:
         """Generate up to `budget` tokens from the last prompt token, each step dispatched before the last is read."""

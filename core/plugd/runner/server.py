@@ -37,7 +37,7 @@ from litestar.response import Stream
 from PIL import Image
 
 from plugd import protocol
-from plugd.protocol import CompletionRequest, ErrorEvent, RunnerConfig, RunnerEvent, event_line
+from plugd.protocol import ErrorEvent, RunnerConfig, RunnerEvent, event_line
 from plugd.runner.cache_policy import make_policy
 from plugd.runner.errors import CHECKPOINT_REFUSED, CheckpointError
 from plugd.runner.generate import Engine, prompt_limit
@@ -81,22 +81,22 @@ class ModelHost:
         }
 
 
-class Completion:
+class Running:
     """One completion, started on the MLX thread at once, its events queued for the HTTP response.
 
-    `images` are the prompt's images by the key `request.keys` holds at their positions; `grammar` (being
-    compiled) is waited for only once the prefill is done.
+    `keys` are the prompt's cache keys and `images` its images by key (plugd.runner.media.keyed); `grammar`
+    (being compiled) is waited for only once the prefill is done.
     """
 
-    def __init__(self, host: ModelHost, request: CompletionRequest, images: dict[int, Image.Image],
+    def __init__(self, host: ModelHost, request: protocol.Completion, keys: list[int], images: dict[int, Image.Image],
                  grammar: Future[TokenMaskFactory] | None):
         self._host = host
         self._loop = asyncio.get_running_loop()
         self._events: asyncio.Queue = asyncio.Queue()
         self._cancelled = threading.Event()
-        self._work = self._loop.run_in_executor(host.mlx, self._produce, request, images, grammar)
+        self._work = self._loop.run_in_executor(host.mlx, self._produce, request, keys, images, grammar)
 
-    def _produce(self, request: CompletionRequest, images: dict[int, Image.Image],
+    def _produce(self, request: protocol.Completion, keys: list[int], images: dict[int, Image.Image],
                  grammar: Future[TokenMaskFactory] | None) -> None:
         put = self._events.put_nowait
         try:
@@ -105,7 +105,7 @@ class Completion:
             def send(event: RunnerEvent) -> None:
                 self._loop.call_soon_threadsafe(put, event)
 
-            for event in self._host.engine.complete(request, self._cancelled.is_set, mask, images, send):
+            for event in self._host.engine.complete(request, self._cancelled.is_set, mask, images, send, keys):
                 send(event)
         except GrammarRefused:
             pass  # the request was already answered with the refusal
@@ -170,28 +170,25 @@ def _working_set() -> dict[str, int]:
 @post("/completion", status_code=200)
 async def completion(request: Request) -> Response[Any] | Stream:
     try:
-        wire = structure(await request.json(), protocol.Completion)
+        body = structure(await request.json(), protocol.Completion)
     except ValueError as exc:
         return _rejection(f"invalid completion: {exc}", "invalid")
     host = _host(request)
     try:  # read and decoded off the event loop, but not on the MLX thread: nothing of MLX is needed
-        keys, images = await asyncio.to_thread(keyed, wire.tokens, wire.media)
+        keys, images = await asyncio.to_thread(keyed, body.tokens, body.media)
     except ValueError as exc:
         return _rejection(str(exc), "media")
-    body = CompletionRequest(tokens=wire.tokens, sampling=wire.sampling, num_predict=wire.num_predict,
-                             num_ctx=wire.num_ctx, num_keep=wire.num_keep, stop=wire.stop, logprobs=wire.logprobs,
-                             top_logprobs=wire.top_logprobs, keys=keys if images else [])
     prompt_tokens = len(body.tokens)
-    if not wire.truncate and prompt_tokens > (limit := prompt_limit(body.num_ctx)):
+    if not body.truncate and prompt_tokens > (limit := prompt_limit(body.num_ctx)):
         return _rejection(f"the prompt is {prompt_tokens} tokens; a context of {body.num_ctx} holds {limit}",
                           "context_exceeded", prompt_tokens=prompt_tokens, limit=limit)
     try:
-        if wire.grammar is not None:
-            wire.grammar.check()
-        grammar = None if wire.grammar is None else host.grammars.compile(wire.grammar)
+        if body.grammar is not None:
+            body.grammar.check()
+        grammar = None if body.grammar is None else host.grammars.compile(body.grammar)
     except GrammarRefused as exc:
         return _refusal(exc)
-    running = Completion(host, body, images, grammar)
+    running = Running(host, body, keys, images, grammar)
     if grammar is not None:
         try:
             await asyncio.wrap_future(grammar)

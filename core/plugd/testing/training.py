@@ -46,7 +46,7 @@ from mlx.utils import tree_unflatten
 from plugd import __version__, plugins
 from plugd.hookspecs import Architecture, LayerCache
 from plugd.nn.attention import traceable
-from plugd.protocol import CompletionRequest, DoneEvent, SamplingParams
+from plugd.protocol import Completion, DoneEvent, SamplingParams
 from plugd.runner.generate import Engine
 from plugd.runner.loading import compute_dtype, load_model, read_weights
 from plugd.scheduler.runner_client import runner_env
@@ -321,7 +321,7 @@ def _reproduces(model: nn.Module, weights: dict[str, mx.array], tok: Tokenizer, 
     _apply(model, {name: tensor.astype(compute_dtype()) for name, tensor in weights.items()})  # as loading casts
     engine = Engine(model, tok)  # a fresh one: a previous engine's caches hold keys of older weights
     for example in examples:
-        request = CompletionRequest(
+        request = Completion(
             tokens=example.prompt, sampling=GREEDY, num_predict=len(example.answer) + 8,
             num_ctx=len(example.prompt) + len(example.answer) + 8, num_keep=0, stop=[],
         )
