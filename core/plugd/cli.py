@@ -138,8 +138,9 @@ def upload_model_dir(client: DaemonClient, directory: Path) -> dict[str, str]:
         print(f"skipping {name}: {why}", file=sys.stderr)
     files = {}
     for path in found.taken:
-        print(f"copying file {path.name}", file=sys.stderr)
-        files[path.name] = client.upload_blob(path)
+        name = path.relative_to(directory.resolve()).as_posix()  # `2_Dense/model.safetensors` keeps its folder
+        print(f"copying file {name}", file=sys.stderr)
+        files[name] = client.upload_blob(path)
     if not files:
         raise DaemonError(f"{directory} holds no model files")
     return files

@@ -2,7 +2,8 @@
 
 A runner is started with a RunnerConfig. Each /completion body is a Completion; the answer is NDJSON, one event a
 line (`event_line`, `read_event`): PrefillEvents as the prefill starts and after each chunk, a TokenEvent per
-generated token, one DoneEvent; an ErrorEvent if generation fails once the answer has begun.
+generated token, one DoneEvent; an ErrorEvent if generation fails once the answer has begun. An embedding
+model's runner takes an Embed at /embed instead, and answers Embedded.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from attrs import Factory, define, frozen
 
 from plugd.runner_api import GrammarRefused
+from plugd.store.sentence_layout import EmbeddingLayout
 from plugd.types import converter
 
 GRAMMAR_KINDS = ("json", "json_schema")
@@ -28,6 +30,7 @@ class RunnerConfig:
     cache_budget: int | None = None  # the bytes the policy may keep beyond the live caches; None: it has no budget
     grammar_engines: dict[str, str] = Factory(dict)  # the installed engines' factories, by name (GrammarEngine)
     log_level: str = "INFO"
+    embedding: EmbeddingLayout | None = None  # an embedding model's pipeline: the runner embeds, and generates not
 
     def to_json(self) -> str:
         return json.dumps(converter.unstructure(self))
@@ -109,6 +112,21 @@ class Completion:
     top_logprobs: int = 0
     grammar: GrammarSpec | None = None
     truncate: bool = True  # False: a prompt over the context is refused (kind "context_exceeded"), not cut
+
+
+@define(kw_only=True)
+class Embed:
+    """An /embed body: inputs as token ids, each embedded apart (batched as the runner sees fit)."""
+
+    inputs: list[list[int]]
+
+
+@define(kw_only=True)
+class Embedded:
+    """The /embed answer: one vector per input, in order, and the time the model took."""
+
+    embeddings: list[list[float]]
+    duration: int  # nanoseconds
 
 
 @define

@@ -15,11 +15,12 @@ from plugd.plugins import Registry
 from plugd.store import manifests as mt
 from plugd.store.integrity import damage
 from plugd.store.metadata import tensor_metadata
-from plugd.store.model_files import chat_template, read_json
+from plugd.store.model_files import chat_template, is_weights, read_json
 from plugd.store.names import ModelName
 from plugd.store.ollama_format import config_view
+from plugd.store.sentence_layout import EmbeddingLayout
 from plugd.store.store import CorruptModel, Store, StoredModel
-from plugd.types import Message
+from plugd.types import Message, structure
 
 
 class UnsupportedModel(PlugdError, ValueError):
@@ -41,6 +42,11 @@ class ResolvedModel:
     parameters: dict[str, Any]
     system: str | None
     messages: list[Message]
+
+    @property
+    def embeds(self) -> bool:
+        """Whether this is an embedding model (a sentence-transformers layout), which embeds and generates not."""
+        return "embedding" in self.config
 
     def require_architecture(self) -> Architecture:
         if self.architecture is None:
@@ -71,7 +77,7 @@ def _resolve(store: Store, registry: Registry, model: StoredModel) -> ResolvedMo
     template = texts.get(mt.TEMPLATE) or chat_template(store, files)
     tensors: dict[str, dict[str, Any]] = {}
     for file, layer in files.items():
-        if file.endswith(".safetensors"):
+        if is_weights(file):
             tensors |= tensor_metadata(store, layer.digest, file)["tensors"]
     return ResolvedModel(
         name=name,
@@ -88,3 +94,8 @@ def _resolve(store: Store, registry: Registry, model: StoredModel) -> ResolvedMo
         system=texts.get(mt.SYSTEM),
         messages=[Message(m["role"], m["content"]) for m in json.loads(texts.get(mt.MESSAGES, "[]"))],
     )
+
+
+def embedding_layout(model: ResolvedModel) -> EmbeddingLayout | None:
+    """The embedding pipeline create read from the model's sentence-transformers layout; None for other models."""
+    return structure(model.config["embedding"], EmbeddingLayout) if model.embeds else None

@@ -205,6 +205,9 @@ async def _prepared(services: Services, request: ChatRequest) -> _Prepared:
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
     model = await anyio.to_thread.run_sync(resolve, services.store, services.registry, ModelName.parse(request.model))
+    if model.embeds:
+        raise InvalidRequest(f"model '{model.name}' is an embedding model: it does not generate (ask /api/embed or "
+                             "/v1/embeddings)")
     try:
         options = resolve_options(model.generation_config, model.parameters, request.options,
                                   model.config.get("context_length"), services.settings.context_length)

@@ -9,7 +9,7 @@ from typing import Any
 from attrs import define
 
 from plugd.registry.errors import RegistryError, UnsupportedFormat
-from plugd.store.model_files import is_model_file
+from plugd.store.model_files import is_model_path, is_weights
 
 PICKLED_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt")
 INDEX = "model.safetensors.index.json"
@@ -29,11 +29,12 @@ class HubFile:
 
 
 def model_files(source: str, listing: Iterable[HubFile]) -> list[HubFile]:
-    """The repository's top-level model files: configuration, tokenizer, chat template and safetensors weights.
-    A repository without safetensors weights or without config.json is refused, saying what it holds instead."""
+    """The repository's model files: configuration, tokenizer, chat template and safetensors weights at its top,
+    and the sentence-transformers module folders' configuration and weights (plugd.store.model_files). A
+    repository without safetensors weights or without config.json is refused, saying what it holds instead."""
     listing = list(listing)
-    chosen = [f for f in listing if "/" not in f.path and is_model_file(f.path)]
-    if not any(f.path.endswith(".safetensors") for f in chosen):
+    chosen = [f for f in listing if is_model_path(f.path)]
+    if not any(is_weights(f.path) for f in chosen):
         suffixes = {PurePosixPath(f.path).suffix for f in listing}
         if ".gguf" in suffixes:
             raise UnsupportedFormat(
@@ -52,7 +53,7 @@ def model_files(source: str, listing: Iterable[HubFile]) -> list[HubFile]:
 def weights_to_fetch(source: str, files: list[HubFile], index: dict[str, Any] | None) -> list[HubFile]:
     """The safetensors files to download: those the index maps tensors to, where there is an index (a repository
     may also hold the same weights in another layout, such as a consolidated.safetensors), else all of them."""
-    weights = {f.path: f for f in files if f.path.endswith(".safetensors")}
+    weights = {f.path: f for f in files if is_weights(f.path)}
     if index is None:
         return list(weights.values())
     named = set((index.get("weight_map") or {}).values())

@@ -30,6 +30,7 @@ from plugd.registry.errors import UnsupportedFormat
 from plugd.registry.parallel import run_all
 from plugd.registry.progress import Emit, Progress
 from plugd.store.create import CreateError, CreateRequest, create_model
+from plugd.store.model_files import is_weights
 from plugd.store.store import Store
 
 FILES_AT_ONCE = 8  # as huggingface_hub's snapshot_download
@@ -47,7 +48,7 @@ def pull_from_hub(store: Store, registry: Registry, text: str, *, emit: Emit = l
         listing = [HubFile(f.path, f.size, f.blob_id, f.lfs.sha256 if f.lfs else None)
                    for f in api.list_repo_tree(ref.repo_id, revision=commit, recursive=True) if isinstance(f, RepoFile)]
         files = model_files(ref.source, listing)
-        others = [f for f in files if not f.path.endswith(".safetensors")]
+        others = [f for f in files if not is_weights(f.path)]
         digests = _fetch(store, ref, commit, others, progress, cancel)
         index = _index(store, ref, digests)
         digests |= _fetch(store, ref, commit, weights_to_fetch(ref.source, files, index), progress, cancel)

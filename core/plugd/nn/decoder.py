@@ -51,6 +51,11 @@ class LanguageModel(nn.Module):
         if not args.tie_word_embeddings:
             self.lm_head = Linear(args.hidden_size, args.vocab_size)
 
+    def hidden_states(self, tokens: mx.array) -> mx.array:
+        """(batch, length) token ids -> the decoder's final (normed) hidden states, without a cache: what an
+        embedding model pools. Attention is causal, so a right-padded row's positions never see its padding."""
+        return self.model(tokens, [None] * len(self.model.layers))
+
     def logits(self, h: mx.array) -> mx.array:
         """Final hidden states -> vocabulary logits."""
         return self.model.embed_tokens.as_linear(h) if self.args.tie_word_embeddings else self.lm_head(h)

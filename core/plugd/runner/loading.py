@@ -30,14 +30,21 @@ def compute_dtype() -> mx.Dtype:
     return mx.float32 if mx.default_device() == mx.cpu else mx.bfloat16
 
 
-def load_model(model_dir: Path, module: ModuleType) -> nn.Module:
+def load_model(model_dir: Path, module: ModuleType, embedding: bool = False) -> nn.Module:
     """Build `module.Model` from `model_dir`/config.json and load the directory's safetensors into it: the Hugging
-    Face (or mlx-lm) files, or Ollama's tensor layers where the directory holds them in OLLAMA_TENSORS_DIR."""
+    Face (or mlx-lm) files, or Ollama's tensor layers where the directory holds them in OLLAMA_TENSORS_DIR.
+
+    An `embedding` model's checkpoint is its base model as sentence-transformers saves it: no output head, and
+    the decoder's tensors without their `model.` prefix."""
     model_dir = Path(model_dir)
     config = json.loads((model_dir / "config.json").read_text())
     model = module.Model(module.ModelArgs.from_dict(config))
     ollama = (model_dir / OLLAMA_TENSORS_DIR).is_dir()
     weights = read_ollama_weights(model_dir / OLLAMA_TENSORS_DIR, model) if ollama else read_weights(model_dir)
+    if embedding:
+        model.pop("lm_head", None)
+        if not any(name.startswith("model.") for name in weights):
+            weights = {f"model.{name}": tensor for name, tensor in weights.items()}
     try:
         weights = model.sanitize(weights)
     except KeyError as missing:

@@ -1,7 +1,8 @@
 """`plugd runner`: one model, served over HTTP on a Unix socket to the daemon that spawned it.
 
 Routes: GET /status (memory figures), POST /completion (a plugd.protocol.Completion: token ids, and the images
-by file; NDJSON events: the prefill's progress, tokens, done). All MLX work runs on one dedicated thread, since
+by file; NDJSON events: the prefill's progress, tokens, done), POST /embed (an embedding model's: token ids in,
+vectors out). All MLX work runs on one dedicated thread, since
 MLX streams are thread-local; completions queue behind each other there.
 
 A completion with `truncate` false is refused with status 400 (kind "context_exceeded") when its prompt does
@@ -39,6 +40,7 @@ from PIL import Image
 from plugd import protocol
 from plugd.protocol import ErrorEvent, RunnerConfig, RunnerEvent, event_line
 from plugd.runner.cache_policy import make_policy
+from plugd.runner.embed import Embedder
 from plugd.runner.errors import CHECKPOINT_REFUSED, CheckpointError
 from plugd.runner.generate import Engine, prompt_limit
 from plugd.runner.grammar import Grammars, TokenMaskFactory
@@ -46,7 +48,7 @@ from plugd.runner.loading import compute_dtype, load_model
 from plugd.runner.media import keyed
 from plugd.runner_api import GrammarRefused, GrammarVocabulary
 from plugd.tokenizer import Tokenizer
-from plugd.types import structure
+from plugd.types import structure, unstructure
 
 log = logging.getLogger("plugd.runner")
 
@@ -57,15 +59,19 @@ class ModelHost:
     def __init__(self, model_dir: Path, config: RunnerConfig):
         self.mlx = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx")
         started = time.perf_counter()
-        self.engine: Engine = self.mlx.submit(self._load, model_dir, config).result()
+        loaded = self.mlx.submit(self._load, model_dir, config).result()
+        self.engine: Engine | None = loaded if isinstance(loaded, Engine) else None
+        self.embedder: Embedder | None = loaded if isinstance(loaded, Embedder) else None
         self.load_seconds = time.perf_counter() - started
         self.grammars = Grammars(lambda: GrammarVocabulary.of(self.engine.tokenizer, self.engine.logits_width),
                                  config.grammar_engines)
 
     @staticmethod
-    def _load(model_dir: Path, config: RunnerConfig) -> Engine:
-        model = load_model(model_dir, importlib.import_module(config.module))
+    def _load(model_dir: Path, config: RunnerConfig) -> Engine | Embedder:
+        model = load_model(model_dir, importlib.import_module(config.module), embedding=config.embedding is not None)
         _return_freed_heap()
+        if config.embedding is not None:
+            return Embedder(model, config.embedding, model_dir)
         budget = config.cache_budget
         log.info("cache policy %s%s", config.cache_policy, "" if budget is None else f", budget {budget} bytes")
         return Engine(model, Tokenizer.from_dir(model_dir),
@@ -153,10 +159,10 @@ def _host(request: Request) -> ModelHost:
 async def status(request: Request) -> dict[str, Any]:
     host = _host(request)
     # Read off the MLX thread: a snapshot of two counters, good enough for a status line.
+    cache = {} if host.engine is None else {"cache": host.engine.cache.stats() | {
+        "live_bytes": sum(layer.nbytes for layer in host.engine.cache.layers)}}
     return {"status": "ready", "load_seconds": host.load_seconds, "memory": host.memory(),
-            "cache": host.engine.cache.stats() | {"live_bytes": sum(layer.nbytes for layer in host.engine.cache.layers)},
-            "device": mx.default_device().type.name,
-            "float_bytes": compute_dtype().size} | _working_set()
+            "device": mx.default_device().type.name, "float_bytes": compute_dtype().size} | cache | _working_set()
 
 
 def _working_set() -> dict[str, int]:
@@ -167,6 +173,23 @@ def _working_set() -> dict[str, int]:
     return {"working_set_bytes": int(mx.device_info()["max_recommended_working_set_size"])}
 
 
+@post("/embed", status_code=200)
+async def embed(request: Request) -> Response[Any] | dict[str, Any]:
+    host = _host(request)
+    if host.embedder is None:
+        return _rejection("this model does not embed: it is not an embedding model", "not_embedding")
+    try:
+        body = structure(await request.json(), protocol.Embed)
+    except ValueError as exc:
+        return _rejection(f"invalid embed request: {exc}", "invalid")
+    started = time.perf_counter_ns()
+    try:
+        vectors = await asyncio.get_running_loop().run_in_executor(host.mlx, host.embedder.embed, body.inputs)
+    except ValueError as exc:
+        return _rejection(str(exc), "invalid")
+    return unstructure(protocol.Embedded(embeddings=vectors, duration=time.perf_counter_ns() - started))
+
+
 @post("/completion", status_code=200)
 async def completion(request: Request) -> Response[Any] | Stream:
     try:
@@ -174,6 +197,8 @@ async def completion(request: Request) -> Response[Any] | Stream:
     except ValueError as exc:
         return _rejection(f"invalid completion: {exc}", "invalid")
     host = _host(request)
+    if host.engine is None:
+        return _rejection("this is an embedding model: it does not generate", "not_generative")
     try:  # read and decoded off the event loop, but not on the MLX thread: nothing of MLX is needed
         keys, images = await asyncio.to_thread(keyed, body.tokens, body.media)
     except ValueError as exc:
@@ -239,7 +264,7 @@ def main(model_dir: str, socket_path: str, config_json: str) -> int:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return CHECKPOINT_REFUSED if isinstance(exc, CheckpointError) else 1
     app = Litestar(
-        route_handlers=[status, completion],
+        route_handlers=[status, completion, embed],
         state=State({"host": host}),
         exception_handlers={Exception: _error},
         logging_config=None,

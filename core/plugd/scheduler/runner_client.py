@@ -19,11 +19,21 @@ import httpx
 
 from plugd.blas import with_openblas
 from plugd.errors import PlugdError
-from plugd.protocol import Completion, DoneEvent, ErrorEvent, PrefillEvent, RunnerConfig, TokenEvent, read_event
+from plugd.protocol import (
+    Completion,
+    DoneEvent,
+    Embed,
+    Embedded,
+    ErrorEvent,
+    PrefillEvent,
+    RunnerConfig,
+    TokenEvent,
+    read_event,
+)
 from plugd.runner.errors import CHECKPOINT_REFUSED
 from plugd.scheduler.memory import resident_bytes
 from plugd.scratch import scratch_prefix
-from plugd.types import unstructure
+from plugd.types import structure, unstructure
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +182,21 @@ class RunnerProcess:
             self.process.kill()
         return RunnerError(f"the model runner made no progress for {silent_for:g} s and was stopped; "
                            "the next request loads the model again")
+
+    async def embed(self, inputs: list[list[int]]) -> Embedded:
+        """The runner's vectors for `inputs` (token ids); RunnerRejected for what it refuses."""
+        try:
+            response = await self.http.post("/embed", json=unstructure(Embed(inputs=inputs)))
+        except httpx.ReadTimeout:
+            raise self._stop_wedged(self.progress_timeout) from None
+        except httpx.TransportError:
+            await asyncio.sleep(0.05)  # let the exit status arrive so the message can say what happened
+            raise RunnerError(self.failure() if self.process.returncode is not None else "runner unreachable") from None
+        if response.status_code == 400:
+            raise RunnerRejected.of(response)
+        if response.is_error:
+            raise RunnerError(RunnerRejected.of(response).details.get("error", response.text))
+        return structure(response.json(), Embedded)
 
     async def status(self) -> dict[str, Any]:
         try:

@@ -15,7 +15,7 @@ import httpx
 from attrs import define, field
 
 from plugd.cache_policies import chosen_policy
-from plugd.chat.models import ResolvedModel
+from plugd.chat.models import ResolvedModel, embedding_layout
 from plugd.errors import PlugdError
 from plugd.plugins import Registry
 from plugd.protocol import RunnerConfig
@@ -220,7 +220,7 @@ class Scheduler:
                 cache_budget = self._cache_budget(needed)
             engines = {engine.name: engine.factory for engine in self.registry.items.get("plugd_grammar_engines", [])}
             config = RunnerConfig(model.require_architecture().module, self.cache_policy.factory, cache_budget,
-                                  engines, self.settings.log_level)
+                                  engines, self.settings.log_level, embedding_layout(model))
             entry = Loaded(model=model, runner=self.runner_factory(model, config), num_ctx=context,
                            size=needed, sized=num_ctx is None, cache_budget=cache_budget or 0,
                            growth=caches + (cache_budget or 0))

@@ -12,7 +12,16 @@ from litestar.di import Provide
 from plugd.chat.pipeline import Services
 from plugd.plugins import Registry
 from plugd.scheduler.scheduler import Scheduler
-from plugd.server import anthropic, ollama, ollama_generate, ollama_registry, openai, openai_responses
+from plugd.server import (
+    anthropic,
+    ollama,
+    ollama_embed,
+    ollama_generate,
+    ollama_registry,
+    openai,
+    openai_embeddings,
+    openai_responses,
+)
 from plugd.server.cors import cors_config
 from plugd.server.errors import Dialect, dialect_of, failure_body
 from plugd.server.openapi import describe_bodies_and_errors
@@ -54,8 +63,8 @@ def create_app(store: Store, registry: Registry, settings: Settings | None = Non
         log.warning("no architecture plugin is installed: models can be pulled and listed, not created or run")
     app = Litestar(
         route_handlers=[
-            _dialect("ollama", ollama.ROUTES + ollama_generate.ROUTES + ollama_registry.ROUTES),
-            _dialect("openai", openai.ROUTES + openai_responses.ROUTES),
+            _dialect("ollama", ollama.ROUTES + ollama_generate.ROUTES + ollama_registry.ROUTES + ollama_embed.ROUTES),
+            _dialect("openai", openai.ROUTES + openai_responses.ROUTES + openai_embeddings.ROUTES),
             _dialect("anthropic", anthropic.ROUTES),
         ],
         dependencies={"services": Provide(lambda: services, use_cache=True, sync_to_thread=False)},

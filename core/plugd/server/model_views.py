@@ -9,7 +9,7 @@ from plugd.plugins import Registry
 from plugd.store import manifests as mt
 from plugd.store.integrity import damage
 from plugd.store.metadata import tensor_metadata
-from plugd.store.model_files import chat_template, read_json
+from plugd.store.model_files import chat_template, is_weights, read_json
 from plugd.store.ollama_format import config_view
 from plugd.store.store import Store, StoredModel
 
@@ -146,7 +146,7 @@ def show_payload(store: Store, model: StoredModel, verbose: bool = False, regist
         payload["tensors"] = [
             {"name": name, "type": info["dtype"], "shape": info["shape"]}
             for file, layer in sorted(model.manifest.files().items())
-            if file.endswith(".safetensors")
+            if is_weights(file)
             for name, info in tensor_metadata(store, layer.digest, file)["tensors"].items()
         ]
     return payload

@@ -15,14 +15,15 @@ from plugd.plugins import Registry
 from plugd.store import manifests as mt
 from plugd.store.manifests import Layer, Manifest
 from plugd.store.metadata import file_type, human_parameters, parameter_count, quantization, tensor_metadata
-from plugd.store.model_files import chat_template, read_json
+from plugd.store.model_files import chat_template, is_model_path, is_weights, read_json
 from plugd.store.names import ModelName
 from plugd.store.ollama_format import config_view
 from plugd.store.quantize import QuantizeError, bits_for, quantize_files
+from plugd.store.sentence_layout import read_layout
 from plugd.store.store import Store
-from plugd.types import OPTION_TYPES
+from plugd.types import OPTION_TYPES, unstructure
 
-CAPABILITIES = ("completion", "tools", "thinking", "vision")
+CAPABILITIES = ("completion", "tools", "thinking", "vision", "embedding")
 
 
 class CreateError(PlugdError, ValueError):
@@ -60,9 +61,12 @@ class _Draft:
 
 
 def _check_file_name(name: str) -> None:
-    """A model's files lie side by side, as the runner reads them: a name with a folder in it is refused."""
-    if not name or name in (".", "..") or "/" in name or "\\" in name:
-        raise CreateError(f"invalid file name {name!r}: must be the name of a file at the top of the model directory")
+    """A model's files lie side by side, as the runner reads them, but for a sentence-transformers module's in its
+    own folder (plugd.store.model_files.is_model_path): any other name with a folder in it is refused."""
+    folder, _, file = name.rpartition("/")
+    if not file or file in (".", "..") or "\\" in name or (folder and not is_model_path(name)):
+        raise CreateError(f"invalid file name {name!r}: must be the name of a file at the top of the model "
+                          "directory, or of a sentence-transformers module's config.json or model.safetensors")
 
 
 def _draft_from_files(store: Store, files: dict[str, str]) -> _Draft:
@@ -89,7 +93,7 @@ def _draft_from_model(store: Store, registry: Registry, source: str) -> _Draft:
 
 
 def _tensors(store: Store, draft: _Draft) -> dict[str, dict[str, Any]]:
-    weight_files = {n: layer for n, layer in draft.files.items() if n.endswith(".safetensors")}
+    weight_files = {n: layer for n, layer in draft.files.items() if is_weights(n)}
     if not weight_files:
         raise CreateError("the model has no .safetensors weights")
     index = read_json(store, draft.files, "model.safetensors.index.json")
@@ -99,6 +103,16 @@ def _tensors(store: Store, draft: _Draft) -> dict[str, dict[str, Any]]:
     for name, layer in sorted(weight_files.items()):
         tensors |= tensor_metadata(store, layer.digest, name)["tensors"]
     return tensors
+
+
+def _any_json(store: Store, files: dict[str, Layer], name: str) -> Any:
+    """The JSON value in file `name` (modules.json is a list); None when there is no such file."""
+    if (layer := files.get(name)) is None:
+        return None
+    try:
+        return json.loads(store.blobs.path(layer.digest).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise CreateError(f"{name} cannot be read: {exc}") from None
 
 
 def _architecture(registry: Registry, config: dict[str, Any]) -> Architecture:
@@ -204,9 +218,12 @@ def create_model(store: Store, registry: Registry, req: CreateRequest, status: C
             check_template(req.template)
         template = req.template if req.template is not None else chat_template(store, draft.files)
         tensors = _tensors(store, draft)
-    except ValueError as exc:
+        layout = read_layout(lambda file: _any_json(store, draft.files, file))
+    except ValueError as exc:  # LayoutError included
         raise CreateError(str(exc)) from None
     architecture = _architecture(registry, config)
+    if req.quantize and layout is not None:
+        raise CreateError("quantizing an embedding model (a sentence-transformers layout) is not supported")
     if req.quantize:
         draft.files, config, tensors = _quantized(store, architecture, draft, config, req.quantize, status)
     model_files = ModelFiles(config=config, chat_template=template, tokenizer_config=tokenizer_config)
@@ -214,7 +231,8 @@ def create_model(store: Store, registry: Registry, req: CreateRequest, status: C
     base = draft.base_config
     capabilities = req.capabilities
     if capabilities is None:
-        capabilities = base.get("capabilities") or infer_capabilities(template, architecture)
+        capabilities = base.get("capabilities") or (
+            ["embedding"] if layout is not None else infer_capabilities(template, architecture))
     if unknown := set(capabilities) - set(CAPABILITIES):
         raise CreateError(f"unknown capabilities {sorted(unknown)}; known: {', '.join(CAPABILITIES)}")
     params_layer = draft.extra.get(mt.PARAMS)
@@ -241,6 +259,8 @@ def create_model(store: Store, registry: Registry, req: CreateRequest, status: C
         "parser": _pick("parser", req.parser or base.get("parser"), registry.parsers(), model_files),
         "rootfs": {"type": "layers", "diff_ids": [layer.digest for layer in layers]},
     }
+    if layout is not None:
+        model_config["embedding"] = unstructure(layout)
     if origin := origin or base.get("origin"):
         model_config["origin"] = origin
     data = json.dumps(model_config, indent=2).encode()

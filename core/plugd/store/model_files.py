@@ -7,6 +7,7 @@ from typing import Any
 
 from plugd.errors import PlugdError
 from plugd.store.manifests import Layer
+from plugd.store.sentence_layout import LAYOUT_FILES, module_folder
 from plugd.store.store import Store
 
 # The files of a Hugging Face model directory that make a model (`plugd create --from DIR` uploads them, a Hub pull
@@ -19,13 +20,29 @@ MODEL_FILE_NAMES = frozenset({
     "vocab.json", "vocab.txt", "merges.txt", "chat_template.json", "chat_template.jinja",
     "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json",
     "LICENSE", "LICENSE.txt", "LICENSE.md", "LICENCE", "LICENCE.txt", "LICENCE.md",
+    *LAYOUT_FILES,
 })
+MODULE_FOLDER_FILES = ("config.json", "model.safetensors")  # of a sentence-transformers module folder
 MODEL_FILE_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "*.jinja", "*.tiktoken")
 
 
 def is_model_file(name: str) -> bool:
     """Whether a file called `name`, at the top of a model directory, is one a model is made of."""
     return name in MODEL_FILE_NAMES or any(fnmatchcase(name, pattern) for pattern in MODEL_FILE_PATTERNS)
+
+
+def is_weights(path: str) -> bool:
+    """Whether `path` is one of the model's own weight files: at the top (a module folder's are the module's)."""
+    return "/" not in path and path.endswith(".safetensors")
+
+
+def is_model_path(path: str) -> bool:
+    """Whether `path`, relative to a model directory, is a file a model is made of: a model file at the top, or
+    a sentence-transformers module's configuration or weights in its folder (`2_Dense/model.safetensors`)."""
+    folder, _, name = path.rpartition("/")
+    if not folder:
+        return is_model_file(name)
+    return module_folder(folder) and name in MODULE_FOLDER_FILES
 
 
 class MalformedModelFile(PlugdError, ValueError):
