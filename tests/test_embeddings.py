@@ -31,6 +31,12 @@ def checkpoints(tmp_path_factory):
         "projected": write_embedding_checkpoint(root / "projected", "qwen3", seed=4, pooling="mean", dense=[48, 32],
                                                 prompts={"query": "query: "}, default_prompt="query",
                                                 max_seq_length=8),
+        # EmbeddingGemma's: gemma3_text attending both ways (a window of 4 on its sliding layers), mean pooling,
+        # two Dense projections, its task prompt.
+        "gemma": write_embedding_checkpoint(root / "gemma", "gemma3_text", seed=5, pooling="mean", dense=[96, 40],
+                                            prompts={"query": "task: search result | query: "},
+                                            default_prompt="query",
+                                            overrides={"use_bidirectional_attention": True, "sliding_window": 4}),
     }
 
 
@@ -61,7 +67,7 @@ def assert_parity(ours, theirs):
     assert cosine.min() >= PARITY, cosine
 
 
-@pytest.mark.parametrize("name", ["last", "projected"])
+@pytest.mark.parametrize("name", ["last", "projected", "gemma"])
 def test_ollama_embed_matches_sentence_transformers(server, reference, name):
     client = ollama.Client(host=server.url)
     response = client.embed(model=name, input=TEXTS)
@@ -73,7 +79,7 @@ def test_ollama_embed_matches_sentence_transformers(server, reference, name):
     assert client.show(name).capabilities == ["embedding"]
 
 
-@pytest.mark.parametrize("name", ["last", "projected"])
+@pytest.mark.parametrize("name", ["last", "projected", "gemma"])
 def test_openai_embeddings_match_sentence_transformers(server, reference, name):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     default = client.embeddings.create(model=name, input=TEXTS)  # the client asks for base64 and decodes it
@@ -92,10 +98,11 @@ def test_token_ids_are_embedded_as_given(server, checkpoints, reference):
     assert by_ids.usage.prompt_tokens == len(ids)
 
 
-def test_langchain_ollama_embeddings(server, reference):
-    embeddings = OllamaEmbeddings(model="projected", base_url=server.url)
-    assert_parity(embeddings.embed_documents(TEXTS), reference("projected", TEXTS))
-    assert_parity([embeddings.embed_query(TEXTS[2])], reference("projected", TEXTS[2:3]))
+@pytest.mark.parametrize("name", ["projected", "gemma"])
+def test_langchain_ollama_embeddings(server, reference, name):
+    embeddings = OllamaEmbeddings(model=name, base_url=server.url)
+    assert_parity(embeddings.embed_documents(TEXTS), reference(name, TEXTS))
+    assert_parity([embeddings.embed_query(TEXTS[2])], reference(name, TEXTS[2:3]))
 
 
 def test_dimensions_keep_the_first_and_normalise_again(server, reference):

@@ -10,7 +10,8 @@ query_pre_attn_scalar ** -0.5. Parameter names follow the Hugging Face checkpoin
 `media` (used by the gemma3 vision model) replaces the scaled embeddings of
 spans of positions with image embeddings and lets each span attend to itself
 in both directions (plugd_gemma.spans); without it the masks are the plain
-causal and sliding-window ones.
+causal and sliding-window ones. A config with `use_bidirectional_attention`
+(EmbeddingGemma) is an embedding model's, whose hidden states see both ways.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class ModelArgs(DecoderShape):
     rope: Mapping[str, RopeSettings]
     final_logit_softcapping: float | None
     tie_word_embeddings: bool
+    bidirectional: bool = False  # EmbeddingGemma: every position sees those after it too
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> ModelArgs:
@@ -64,6 +66,7 @@ class ModelArgs(DecoderShape):
             rope=rope_settings(config, ROPE_DEFAULTS),
             final_logit_softcapping=config.get("final_logit_softcapping"),
             tie_word_embeddings=config.get("tie_word_embeddings", True),
+            bidirectional=config.get("use_bidirectional_attention", False),
         )
 
 
@@ -94,7 +97,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(head_dim, args.rms_norm_eps)
         self.rope = GemmaRoPE(head_dim, args.rope[kind])
 
-    def __call__(self, x: mx.array, cache, spans: Sequence[Span] = ()) -> mx.array:
+    def __call__(self, x: mx.array, cache, spans: Sequence[Span] = (), mask: mx.array | None = None) -> mx.array:
         batch, length, _ = x.shape
 
         def heads_first(y: mx.array, heads: int) -> mx.array:
@@ -105,7 +108,9 @@ class Attention(nn.Module):
         values = heads_first(self.v_proj(x), self.kv_heads)
         offset = 0 if cache is None else cache.offset
         queries, keys = self.rope(queries, offset), self.rope(keys, offset)
-        if spans:
+        if mask is not None:  # given whole by the caller, for a cacheless pass
+            out = attend_shared(queries, (keys, values, mask), self.scale)
+        elif spans:
             if cache is not None:
                 keys, values = cache.update_and_fetch(keys, values)
             mask = span_mask(offset, length, keys.shape[2], self.window, spans)
@@ -126,8 +131,8 @@ class DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(args.hidden_size, eps)
         self.post_feedforward_layernorm = RMSNorm(args.hidden_size, eps)
 
-    def __call__(self, x: mx.array, cache, spans: Sequence[Span] = ()) -> mx.array:
-        h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cache, spans))
+    def __call__(self, x: mx.array, cache, spans: Sequence[Span] = (), mask: mx.array | None = None) -> mx.array:
+        h = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cache, spans, mask))
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
 
@@ -138,17 +143,20 @@ class Decoder(nn.Module):
         super().__init__()
         self.hidden_size = args.hidden_size
         self.embed_tokens = Embedding(args.vocab_size, args.hidden_size)
+        self.kinds = args.layer_types
         self.layers = [DecoderLayer(args, kind) for kind in args.layer_types]
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
-    def __call__(self, tokens: mx.array, cache: list, media: Sequence[tuple[int, mx.array]] = ()) -> mx.array:
+    def __call__(self, tokens: mx.array, cache: list, media: Sequence[tuple[int, mx.array]] = (),
+                 masks: Mapping[str, mx.array] | None = None) -> mx.array:
+        """`masks`, by layer kind, replace the causal and sliding-window masks of a cacheless pass."""
         h = self.embed_tokens(tokens)
         h = h * embedding_scale(self.hidden_size, h.dtype)
         if media:
             h = place_media(h, media)
         spans = spans_of(media)
-        for layer, layer_cache in zip(self.layers, cache, strict=True):
-            h = layer(h, layer_cache, spans)
+        for kind, layer, layer_cache in zip(self.kinds, self.layers, cache, strict=True):
+            h = layer(h, layer_cache, spans, None if masks is None else masks[kind])
         return self.norm(h)
 
 
@@ -164,3 +172,17 @@ class Model(LanguageModel):
 
     def make_cache(self) -> list:
         return [make_layer_cache(kind, self.args.sliding_window) for kind in self.args.layer_types]
+
+    def hidden_states(self, tokens: mx.array, lengths: mx.array) -> mx.array:
+        """As a decoder's, but a bidirectional model's positions see every real position of their row (global
+        layers) or those fewer than `sliding_window // 2 + 1` away on either side (sliding ones: the config's
+        window spans both sides), as transformers masks EmbeddingGemma; a padding position sees itself too, so
+        that nothing it computes is NaN."""
+        if not self.args.bidirectional:
+            return super().hidden_states(tokens, lengths)
+        positions = mx.arange(tokens.shape[1])
+        real = (positions[None, :] < lengths[:, None])[:, None, None, :]
+        itself = positions[:, None] == positions[None, :]
+        near = mx.abs(positions[:, None] - positions[None, :]) < self.args.sliding_window // 2 + 1
+        masks = {FULL: real | itself, SLIDING: (real & near) | itself}
+        return self.model(tokens, [None] * self.args.num_hidden_layers, masks=masks)

@@ -51,9 +51,10 @@ class LanguageModel(nn.Module):
         if not args.tie_word_embeddings:
             self.lm_head = Linear(args.hidden_size, args.vocab_size)
 
-    def hidden_states(self, tokens: mx.array) -> mx.array:
-        """(batch, length) token ids -> the decoder's final (normed) hidden states, without a cache: what an
-        embedding model pools. Attention is causal, so a right-padded row's positions never see its padding."""
+    def hidden_states(self, tokens: mx.array, lengths: mx.array) -> mx.array:
+        """(batch, length) token ids, each row's first `lengths` real and the rest padding -> the decoder's final
+        (normed) hidden states, without a cache: what an embedding model pools. Attention is causal here, so no
+        real position sees the padding after it; a bidirectional model masks it instead."""
         return self.model(tokens, [None] * len(self.model.layers))
 
     def logits(self, h: mx.array) -> mx.array:

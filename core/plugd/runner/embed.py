@@ -2,8 +2,8 @@
 sentence-transformers layout declares (plugd.store.sentence_layout), inputs batched by length.
 
 Inputs are sorted by length and cut into batches of at most BATCH_TOKENS padded positions, each row padded at
-its end. The models are causal, so padding after a row's tokens changes none of its hidden states, and pooling
-reads only the row's own positions.
+its end; the model's `hidden_states(tokens, lengths)` keeps the padding from the real positions (a causal model
+by its causality, a bidirectional one by its mask), and pooling reads only the row's own positions.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Embedder:
         width = max(len(row) for row in rows)
         tokens = mx.array([list(row) + [0] * (width - len(row)) for row in rows], mx.int32)
         lengths = mx.array([len(row) for row in rows])
-        hidden = self.model.hidden_states(tokens).astype(mx.float32)
+        hidden = self.model.hidden_states(tokens, lengths).astype(mx.float32)
         pooled = mx.concatenate([_pool(mode, hidden, lengths) for mode in self.layout.pooling], axis=-1)
         for dense in self.dense:
             pooled = dense(pooled)
