@@ -23,6 +23,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from plugd.nn.activations import gelu_approx
 from plugd.nn.decoder import DecoderShape, LanguageModel
 from plugd.nn.linear import Embedding, Linear
 from plugd.nn.mlp import GatedMLP
@@ -125,7 +126,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         eps = args.rms_norm_eps
         self.self_attn = Attention(args, kind)
-        self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, nn.gelu_approx)
+        self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, gelu_approx)
         self.input_layernorm = RMSNorm(args.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, eps)
         self.pre_feedforward_layernorm = RMSNorm(args.hidden_size, eps)

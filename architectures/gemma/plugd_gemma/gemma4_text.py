@@ -28,6 +28,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from plugd.nn.activations import gelu_approx
 from plugd.nn.decoder import DecoderShape, LanguageModel
 from plugd.nn.linear import Embedding, Linear
 from plugd.nn.mlp import GatedMLP
@@ -205,7 +206,7 @@ class DecoderLayer(nn.Module):
         h, eps = args.hidden_size, args.rms_norm_eps
         self.self_attn = Attention(args, layer)
         wide = args.use_double_wide_mlp and layer >= args.kv_layers > 0
-        self.mlp = GatedMLP(h, args.intermediate_size * (2 if wide else 1), nn.gelu_approx)
+        self.mlp = GatedMLP(h, args.intermediate_size * (2 if wide else 1), gelu_approx)
         self.input_layernorm = RMSNorm(h, eps)
         self.post_attention_layernorm = RMSNorm(h, eps)
         self.pre_feedforward_layernorm = RMSNorm(h, eps)

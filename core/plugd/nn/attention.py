@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
-
 import mlx.core as mx
 
+from plugd.nn.host import host_allowed, traceable
 from plugd.nn.host_attention import host_attention
 
-_tracing = ContextVar("plugd_attention_tracing", default=False)
+__all__ = ["HOST_DECODE_MIN_KEYS", "attend", "scaled_dot_product_attention", "traceable"]
+
 # A single-token query (a decode step) leaves MLX from this many keys on. Below it the host path's syncs (one per
 # key/value head and layer) cost about what its faster exp saves; from it on, a 24-layer Qwen3 with 12 heads
 # decoded 15-20% faster at 2-4k tokens of context and 28% faster at 8k (156 vs 217 ms a token).
 HOST_DECODE_MIN_KEYS = 2048
-
-
-@contextmanager
-def traceable() -> Iterator[None]:
-    """Keep attention in MLX operations inside this block, for mx.grad, mx.vmap or mx.compile to trace."""
-    token = _tracing.set(True)
-    try:
-        yield
-    finally:
-        _tracing.reset(token)
 
 
 def scaled_dot_product_attention(
@@ -34,7 +22,7 @@ def scaled_dot_product_attention(
     cache, has its softmax computed by numpy (plugd.nn.host_attention), several times faster there and equal to
     float32 rounding."""
     on_host = queries.shape[2] > 1 or keys.shape[2] >= HOST_DECODE_MIN_KEYS
-    if on_host and mx.default_device().type == mx.DeviceType.cpu and not _tracing.get():
+    if on_host and host_allowed():
         return host_attention(queries, keys, values, scale, mask)
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 

@@ -7,13 +7,14 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
+from plugd.nn.activations import silu
 from plugd.nn.linear import Linear
 
 
 class GatedMLP(nn.Module):
     """down(activation(gate(x)) * up(x)), with the checkpoint names gate_proj, up_proj and down_proj."""
 
-    def __init__(self, dims: int, hidden_dims: int, activation: Callable[[mx.array], mx.array] = nn.silu):
+    def __init__(self, dims: int, hidden_dims: int, activation: Callable[[mx.array], mx.array] = silu):
         super().__init__()
         self.gate_proj = Linear(dims, hidden_dims)
         self.up_proj = Linear(dims, hidden_dims)
