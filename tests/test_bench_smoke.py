@@ -25,6 +25,7 @@ BENCH = Path(__file__).parents[1] / "bench"
                        r"ratio generation RSS max/min"]),
         ("constrained.py", [r"ratio decode \(client\) constrained/free", r"ratio TTFT new schema/free"]),
         ("fitting.py --baseline HEAD", [r"ratio TTFT long chat old/new", r"ratio TTFT 200-message fit old/new"]),
+        ("embeddings.py", [r"ratio throughput plugd/sentence-transformers", r"lowest cosine plugd/sentence-transformers"]),
     ],
 )
 def test_bench_quick(script, ratios):

@@ -27,6 +27,7 @@ from plugd.registry.errors import BlobCorrupt
 from plugd.store.blobs import BlobStore
 from plugd.store.model_files import is_model_file
 from plugd.testing.checkpoints import write_checkpoint
+from plugd.testing.embeddings import write_embedding_checkpoint
 from plugd.testing.server import LiveServer
 
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 24}
@@ -47,6 +48,7 @@ def checkpoints(tmp_path_factory):
         "sharded": write_checkpoint(root / "sharded", "qwen3", seed=2, shards=3),
         "cached": write_checkpoint(root / "cached", "qwen3", seed=5),
         "big": write_checkpoint(root / "big", "qwen3", seed=4, overrides=BIG),
+        "embedding": write_embedding_checkpoint(root / "embedding", "qwen3", seed=7, pooling="mean", dense=[24]),
     }
     # What else an older repository holds: a model card, and the same weights as a PyTorch pickle.
     (dirs["float"] / "README.md").write_text("---\nlicense: mit\n---\n# Tiny Qwen3\n")
@@ -75,7 +77,7 @@ def hub(checkpoints):
         hub.add("Plugd-Test/Tiny-Qwen3", checkpoints["float"])
         hub.add("Plugd-Test/Tiny-Qwen3", checkpoints["v2"], revision="v2")
         hub.add("mlx-community/Tiny-Qwen3-4bit", checkpoints["mlx"])
-        for repo in ("sharded", "cached", "big", "gguf", "torch", "broken"):
+        for repo in ("sharded", "cached", "big", "gguf", "torch", "broken", "embedding"):
             hub.add(f"Plugd-Test/Tiny-{repo.title()}", checkpoints[repo])
         hub.add("Plugd-Test/Tiny-Gated", checkpoints["float"], gated_for={"hf_granted"})
         yield hub
@@ -154,6 +156,22 @@ def test_a_pulled_model_is_the_model_created_from_its_directory(daemon, hub, hf_
     theirs = client.generate(model=created, prompt="Once upon a time", options=GREEDY)
     assert ours.eval_count == GREEDY["num_predict"] and ours.response
     assert ours.response == theirs.response
+
+
+def test_an_embedding_model_comes_with_its_module_folders(daemon, hub, checkpoints):
+    hub.log.clear()
+    pull = daemon.cli("pull", "hf.co/Plugd-Test/Tiny-Embedding")
+    assert pull.returncode == 0, pull.stderr + daemon.log()
+    assert {"modules.json", "1_Pooling/config.json", "2_Dense/config.json", "2_Dense/model.safetensors",
+            "model.safetensors"} <= {r.file for r in hub.downloads()}
+    daemon.cli("create", "local-embedding", "--from", str(checkpoints["embedding"]), check=True)
+    client = ollama.Client(host=daemon.url)
+    name = "hf.co/plugd-test/tiny-embedding"
+    assert client.show(name).capabilities == ["embedding"]
+    assert model_files(daemon, name) == model_files(daemon, "registry.ollama.ai/library/local-embedding")
+    pulled = client.embed(model=name, input=["one", "two words"]).embeddings
+    assert pulled == client.embed(model="local-embedding", input=["one", "two words"]).embeddings
+    assert len(pulled[0]) == 24
 
 
 def test_a_revision_is_pinned(daemon, hub, checkpoints):

@@ -1,7 +1,8 @@
-"""Figures the runner builds its caches with, which the daemon's memory estimate must count with too: both read
-them here (the daemon imports no MLX)."""
+"""Figures the runner works with that the daemon must know too (its memory estimate, the embedding requests it
+sends): both read them here (the daemon imports no MLX)."""
 
 CACHE_STEP = 256  # KV buffers grow this many positions at a time
 ROTATING_SLACK = 256  # a sliding-window buffer keeps this many positions past its window
 PREFILL_CHUNK = 512  # the most prompt positions one prefill step evaluates
 SNAPSHOT_LIMIT = 8  # the built-in cache policy's snapshots of the layers that cannot trim back
+EMBED_BATCH_TOKENS = 1024  # padded positions one embedding batch holds (more ran slower on a CPU: 8,192, 0.6x)

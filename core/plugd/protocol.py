@@ -9,10 +9,12 @@ model's runner takes an Embed at /embed instead, and answers Embedded.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from attrs import Factory, define, frozen
 
+from plugd.constants import EMBED_BATCH_TOKENS
 from plugd.runner_api import GrammarRefused
 from plugd.store.sentence_layout import EmbeddingLayout
 from plugd.types import converter
@@ -119,6 +121,19 @@ class Embed:
     """An /embed body: inputs as token ids, each embedded apart (batched as the runner sees fit)."""
 
     inputs: list[list[int]]
+
+
+def embed_batches(lengths: Sequence[int]) -> list[list[int]]:
+    """The indices of inputs of these lengths, shortest first, cut into batches of at most EMBED_BATCH_TOKENS
+    padded positions (one input alone when it is longer): how the daemon cuts its requests and the runner its
+    forward passes."""
+    batches: list[list[int]] = []
+    for index in sorted(range(len(lengths)), key=lengths.__getitem__):
+        if batches and (len(batches[-1]) + 1) * lengths[index] <= EMBED_BATCH_TOKENS:
+            batches[-1].append(index)
+        else:
+            batches.append([index])
+    return batches
 
 
 @define(kw_only=True)

@@ -20,6 +20,7 @@ from plugd.chat.options import resolve_options
 from plugd.chat.pipeline import Services
 from plugd.chat.request import InvalidRequest
 from plugd.chat.tokens import tokenizer_of
+from plugd.protocol import embed_batches
 from plugd.scheduler.durations import parse_keep_alive
 from plugd.store.names import ModelName
 from plugd.store.sentence_layout import EmbeddingLayout
@@ -68,9 +69,14 @@ async def embed(services: Services, request: EmbedRequest) -> Embeddings:
     limit = min(options.num_ctx or math.inf, model.config.get("context_length") or math.inf)
     inputs = await anyio.to_thread.run_sync(_encoded, model, layout, request.inputs)
     inputs = [_fitted(i, tokens[: layout.max_tokens], limit, request.truncate) for i, tokens in enumerate(inputs)]
+    vectors: list[list[float]] = [[] for _ in inputs]
     async with services.scheduler.acquire(model, options.num_ctx, keep_alive) as loaded:
         load_duration = time.perf_counter_ns() - started
-        vectors = (await loaded.runner.embed(inputs)).embeddings
+        # One runner batch a request: each answers well within the runner's progress timeout.
+        for part in embed_batches([len(tokens) for tokens in inputs]):
+            for index, vector in zip(part, (await loaded.runner.embed([inputs[i] for i in part])).embeddings,
+                                     strict=True):
+                vectors[index] = vector
     if request.dimensions is not None:
         vectors = [_shortened(vector, request.dimensions, layout.normalize) for vector in vectors]
     return Embeddings(model, vectors, sum(map(len, inputs)), load_duration, time.perf_counter_ns() - started)

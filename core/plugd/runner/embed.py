@@ -1,9 +1,10 @@
 """Embedding in the runner: the model's last hidden states pooled, projected and normalised as its
 sentence-transformers layout declares (plugd.store.sentence_layout), inputs batched by length.
 
-Inputs are sorted by length and cut into batches of at most BATCH_TOKENS padded positions, each row padded at
-its end; the model's `hidden_states(tokens, lengths)` keeps the padding from the real positions (a causal model
-by its causality, a bidirectional one by its mask), and pooling reads only the row's own positions.
+Inputs are sorted by length and cut into batches of at most EMBED_BATCH_TOKENS padded positions
+(plugd.protocol.embed_batches), each row padded at its end; the model's `hidden_states(tokens, lengths)` keeps
+the padding from the real positions (a causal model by its causality, a bidirectional one by its mask), and
+pooling reads only the row's own positions.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
+from plugd.protocol import embed_batches
 from plugd.runner.errors import CheckpointError
 from plugd.store.sentence_layout import DenseLayer, EmbeddingLayout
 
-BATCH_TOKENS = 8192  # padded positions a batch holds: large enough to fill the device, small enough to fit
 _ACTIVATIONS = {"identity": lambda x: x, "tanh": mx.tanh, "sigmoid": mx.sigmoid, "relu": nn.relu, "gelu": nn.gelu}
 
 
@@ -32,9 +33,8 @@ class Embedder:
         """One vector per input, in order; ValueError for an empty input."""
         if any(not tokens for tokens in inputs):
             raise ValueError("an input has no tokens")
-        order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
         vectors: dict[int, list[float]] = {}
-        for batch in _batches(order, [len(tokens) for tokens in inputs]):
+        for batch in embed_batches([len(tokens) for tokens in inputs]):
             rows = self._embed_batch([inputs[i] for i in batch])
             vectors |= dict(zip(batch, rows.tolist(), strict=True))
         return [vectors[i] for i in range(len(inputs))]
@@ -51,17 +51,6 @@ class Embedder:
             pooled = pooled / mx.maximum(mx.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
         mx.eval(pooled)
         return pooled
-
-
-def _batches(order: list[int], lengths: list[int]) -> list[list[int]]:
-    """`order` (shortest first) cut into runs whose rows, padded to the longest, hold at most BATCH_TOKENS."""
-    batches: list[list[int]] = []
-    for index in order:
-        if batches and (len(batches[-1]) + 1) * lengths[index] <= BATCH_TOKENS:
-            batches[-1].append(index)
-        else:
-            batches.append([index])
-    return batches
 
 
 def _pool(mode: str, hidden: mx.array, lengths: mx.array) -> mx.array:
