@@ -25,8 +25,10 @@ PARITY = 0.99999
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("embedding-checkpoints")
     return {
-        # Qwen3-Embedding's pipeline: the last token's state, normalised.
-        "last": write_embedding_checkpoint(root / "last", "qwen3", seed=3, pooling="lasttoken"),
+        # Qwen3-Embedding's pipeline: the last token's state, normalised, its tokenizer ending each text with EOS
+        # (kept when a text is cut to max_seq_length).
+        "last": write_embedding_checkpoint(root / "last", "qwen3", seed=3, pooling="lasttoken", append_eos=True,
+                                           max_seq_length=12),
         # Mean pooling, two Dense projections and a default prompt, cut to 8 tokens: EmbeddingGemma's pipeline.
         "projected": write_embedding_checkpoint(root / "projected", "qwen3", seed=4, pooling="mean", dense=[48, 32],
                                                 prompts={"query": "query: "}, default_prompt="query",
@@ -123,11 +125,12 @@ def test_inputs_are_cut_to_max_seq_length_and_past_the_context_cut_or_refused(se
     openai_client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     assert_parity([openai_client.embeddings.create(model="projected", input=long).data[0].embedding],
                   reference("projected", [long]))
+    assert_parity(client.embed(model="last", input=long).embeddings, reference("last", [long]))  # EOS kept
     # Past num_ctx, Ollama cuts unless told not to; OpenAI refuses.
-    cut = client.embed(model="last", input=long, options={"num_ctx": 10})
-    assert cut.prompt_eval_count == 10
+    cut = client.embed(model="last", input=long, options={"num_ctx": 6})
+    assert cut.prompt_eval_count == 6
     with pytest.raises(ollama.ResponseError) as refused:
-        client.embed(model="last", input=long, truncate=False, options={"num_ctx": 10})
+        client.embed(model="last", input=long, truncate=False, options={"num_ctx": 6})
     assert refused.value.status_code == 400 and "exceeds the context length" in refused.value.error
 
 

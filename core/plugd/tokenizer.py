@@ -64,6 +64,15 @@ class Tokenizer:
             ids.insert(0, self.bos_id)
         return ids
 
+    def encode_standalone(self, text: str, max_tokens: int | None = None) -> list[int]:
+        """Token ids of `text` as transformers' tokenizer encodes one text by default (and so sentence-transformers
+        an input): the tokenizer's own post-processor adds its special tokens (an EOS, for Qwen3-Embedding), and a
+        cut to `max_tokens` shortens the text, keeping them."""
+        encoding = self._tokenizer.encode(text, add_special_tokens=False)
+        if max_tokens is not None:
+            encoding.truncate(max(max_tokens - self._tokenizer.num_special_tokens_to_add(False), 0))
+        return self._tokenizer.post_process(encoding).ids
+
     def decode(self, ids: Iterable[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=False)
 

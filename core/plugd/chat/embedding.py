@@ -68,7 +68,7 @@ async def embed(services: Services, request: EmbedRequest) -> Embeddings:
         raise InvalidRequest(f"invalid options: {exc}") from None
     limit = min(options.num_ctx or math.inf, model.config.get("context_length") or math.inf)
     inputs = await anyio.to_thread.run_sync(_encoded, model, layout, request.inputs)
-    inputs = [_fitted(i, tokens[: layout.max_tokens], limit, request.truncate) for i, tokens in enumerate(inputs)]
+    inputs = [_fitted(i, tokens, limit, request.truncate) for i, tokens in enumerate(inputs)]
     vectors: list[list[float]] = [[] for _ in inputs]
     async with services.scheduler.acquire(model, options.num_ctx, keep_alive) as loaded:
         load_duration = time.perf_counter_ns() - started
@@ -87,9 +87,9 @@ def _encoded(model: ResolvedModel, layout: EmbeddingLayout, inputs: list[str] | 
     encoded = []
     for index, item in enumerate(inputs):
         if isinstance(item, str):
-            encoded.append(tokenizer.encode(layout.prompt + item))
+            encoded.append(tokenizer.encode_standalone(layout.prompt + item, layout.max_tokens))
         elif all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocabulary for t in item):
-            encoded.append(list(item))
+            encoded.append(list(item)[: layout.max_tokens])
         else:
             raise InvalidRequest(f"input {index} holds a token id outside the model's vocabulary of {vocabulary}")
     return encoded

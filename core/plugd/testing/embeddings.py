@@ -20,10 +20,13 @@ IDENTITY = "torch.nn.modules.linear.Identity"
 def write_embedding_checkpoint(path: Path, model_type: str = "qwen3", *, seed: int = 0, pooling: str = "lasttoken",
                                dense: Sequence[int] = (), normalize: bool = True, prompts: dict[str, str] | None = None,
                                default_prompt: str | None = None, max_seq_length: int | None = None,
-                               overrides: dict[str, Any] | None = None) -> Path:
+                               append_eos: bool = False, overrides: dict[str, Any] | None = None) -> Path:
     """A tiny `model_type` checkpoint turned into an embedding model: `pooling` over its last hidden states, a Dense
-    projection (no bias, no activation, as EmbeddingGemma's) to each width in `dense`, then a Normalize if asked."""
+    projection (no bias, no activation, as EmbeddingGemma's) to each width in `dense`, then a Normalize if asked.
+    With `append_eos` its tokenizer ends every text with the EOS token, as Qwen3-Embedding's does."""
     path = write_checkpoint(path, model_type, seed=seed, overrides=overrides)
+    if append_eos:
+        _append_eos(path)
     for file in sorted(path.glob("*.safetensors")):
         weights = {name.removeprefix("model."): tensor for name, tensor in load_file(file).items()
                    if not name.startswith("lm_head.")}
@@ -52,6 +55,20 @@ def write_embedding_checkpoint(path: Path, model_type: str = "qwen3", *, seed: i
     if max_seq_length is not None:
         _write(path / "sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})
     return path
+
+
+def _append_eos(path: Path) -> None:
+    """A post-processor in tokenizer.json that puts the config's EOS token after each sequence."""
+    tokenizer = json.loads((path / "tokenizer.json").read_text())
+    eos_id = json.loads((path / "config.json").read_text())["eos_token_id"]
+    eos = next(token["content"] for token in tokenizer["added_tokens"] if token["id"] == eos_id)
+    sequence, special = {"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": eos, "type_id": 0}}
+    tokenizer["post_processor"] = {
+        "type": "TemplateProcessing", "single": [sequence, special],
+        "pair": [sequence, {"Sequence": {"id": "B", "type_id": 1}}, special],
+        "special_tokens": {eos: {"id": eos, "ids": [eos_id], "tokens": [eos]}},
+    }
+    _write(path / "tokenizer.json", tokenizer)
 
 
 def _module(index: int, kind: str) -> dict[str, Any]:
