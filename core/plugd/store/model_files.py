@@ -32,8 +32,10 @@ def is_model_file(name: str) -> bool:
 
 
 def is_weights(path: str) -> bool:
-    """Whether `path` is one of the model's own weight files: at the top (a module folder's are the module's)."""
-    return "/" not in path and path.endswith(".safetensors")
+    """Whether `path` is one of the model's own weight files: a safetensors file at the top, or among an Ollama
+    model's tensor layers; a sentence-transformers module folder's are the module's."""
+    folder, _, name = path.rpartition("/")
+    return name.endswith(".safetensors") and not module_folder(folder)
 
 
 def is_model_path(path: str) -> bool:
