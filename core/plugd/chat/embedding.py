@@ -1,10 +1,9 @@
 """The path the embedding endpoints share: resolve the model, tokenize the inputs, acquire its runner, embed.
 
-Each text is encoded as sentence-transformers encodes it by default: the layout's default prompt before it, cut
-to the layout's max_seq_length. Past the context (num_ctx, or the model's) an input is cut (`truncate`, as
-Ollama's default) or refused;
-`dimensions` keeps the first that many of each vector (Matryoshka), normalised again where the model
-normalises.
+Each text is encoded as sentence-transformers encodes it by default: the layout's default prompt before it, the
+tokenizer's special tokens around it, cut to the layout's max_seq_length. Past the context (num_ctx, or the
+model's) an input is cut (`truncate`, as Ollama's default) or refused; `dimensions` keeps the first that many of
+each vector (Matryoshka), normalised again where the model normalises.
 """
 
 from __future__ import annotations
