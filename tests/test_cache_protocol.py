@@ -3,7 +3,6 @@ leave it as it was, and that restoring it brings the cache back. Both cache poli
 
 import mlx.core as mx
 import numpy as np
-import pytest
 
 from plugd.nn.cache import KVCache, KVSpan, snapshot_arrays
 from plugd.nn.recurrent import RecurrentCache
@@ -66,61 +65,3 @@ def test_snapshot_arrays_counts_every_array_a_snapshot_holds():
     recurrent.advance(mx.ones((1, 3, 8)), mx.ones((1, 2, 4, 4)), 1)
     arrays = list(snapshot_arrays([kv.snapshot(), None, recurrent.snapshot()]))
     assert len(arrays) == 4 and sum(a.nbytes for a in arrays) == 2 * 24 * 4 + (24 + 32) * 4
-
-
-def rows(cache) -> list[list[float]]:
-    """Each batch row's first key entry at every position the cache holds."""
-    keys = cache.snapshot().keys
-    return np.array(keys[:, 0, :, 0]).tolist()
-
-
-def test_a_batch_of_kv_caches_splits_into_its_sequences_and_merges_back():
-    first, second = KVCache(step=4), KVCache(step=4)
-    first.update_and_fetch(*positions(0, 5))
-    second.update_and_fetch(*positions(50, 5))
-    merged = KVCache.merge([first, second])
-    assert merged.offset == 5 and rows(merged) == [[0, 1, 2, 3, 4], [50, 51, 52, 53, 54]]
-    merged.update_and_fetch(*(mx.concatenate([part, part + 1]) for part in positions(5, 2)))  # one step, both rows
-    parts = merged.split()
-    assert [part.offset for part in parts] == [7, 7]
-    assert rows(parts[0]) == [[0, 1, 2, 3, 4, 5, 6]] and rows(parts[1]) == [[50, 51, 52, 53, 54, 6, 7]]
-    parts[0].trim(3)
-    assert merged.offset == 7 and rows(merged)[0][-1] == 6  # the parts own their positions
-    assert merged.nbytes >= 2 * 2 * 7 * 2 * 4 * 4 and KVCache().nbytes == 0
-
-
-def test_only_caches_at_one_offset_merge():
-    short, long = KVCache(), KVCache()
-    short.update_and_fetch(*positions(0, 2))
-    long.update_and_fetch(*positions(0, 3))
-    with pytest.raises(ValueError, match=r"one offset.*\[2, 3\]"):
-        KVCache.merge([short, long])
-    empty = KVCache.merge([KVCache(), KVCache()])
-    assert empty.offset == 0 and empty.split()[0].offset == 0
-
-
-def test_a_batch_of_rotating_caches_splits_and_merges_with_its_window():
-    caches = [RotatingKVCache(window=4, slack=0, step=2) for _ in range(2)]
-    for base, cache in zip((0, 50), caches):
-        cache.update_and_fetch(*positions(base, 7))  # compacted: the oldest positions dropped
-    merged = RotatingKVCache.merge(caches)
-    assert (merged.offset, merged.start) == (caches[0].offset, caches[0].start)
-    assert rows(merged) == [rows(caches[0])[0], rows(caches[1])[0]]
-    back = merged.split()
-    assert [rows(part) for part in back] == [rows(cache) for cache in caches]
-    assert all((part.window, part.start, part.offset) == (4, caches[0].start, 7) for part in back)
-    assert merged.nbytes == sum(array.nbytes for array in snapshot_arrays(merged.snapshot()))
-
-
-def test_a_batch_of_recurrent_caches_splits_and_merges_its_states():
-    caches = [RecurrentCache(), RecurrentCache()]
-    for value, cache in zip((1.0, 2.0), caches):
-        cache.advance(mx.full((1, 3, 8), value), mx.full((1, 2, 4, 4), value), 10)
-    merged = RecurrentCache.merge(caches)
-    assert merged.offset == 10 and merged.conv.shape == (2, 3, 8) and merged.recurrent.shape == (2, 2, 4, 4)
-    assert merged.nbytes == 2 * (3 * 8 + 2 * 4 * 4) * 4
-    back = merged.split()
-    assert [float(part.recurrent.max()) for part in back] == [1.0, 2.0] and [p.offset for p in back] == [10, 10]
-    caches[1].advance(caches[1].conv, caches[1].recurrent, 1)
-    with pytest.raises(ValueError, match="one offset"):
-        RecurrentCache.merge(caches)

@@ -16,7 +16,13 @@ tokens they hold (`tokens`). Per completion the engine calls, in order:
   at each;
 - `prefilled()` after every prefill chunk: `layers` hold exactly `tokens`, the
   moment to capture what a retry after a cancellation can resume from;
-- `finished()` once the completion ends, however it ends.
+- `finished()` once the prefill is over, however it ends: the completion
+  decodes in a batch row of its own, copied from `layers`, and the next
+  completion's prefill may begin;
+- `adopt(layers, tokens)` when a completion's batch row leaves (its output
+  done or cancelled): its own caches, which hold `tokens` (its prompt and
+  the output fed back), to become the live caches, so that a conversation's
+  next turn resumes after the output. Never during a prefill.
 
 A policy is made by a factory `module:callable` named by a `CachePolicy` hook
 descriptor, called with the loaded model (whose `make_cache()` gives fresh
@@ -65,6 +71,8 @@ class RunnerCachePolicy(Protocol):
     def prefilled(self) -> None: ...
 
     def finished(self) -> None: ...
+
+    def adopt(self, layers: list[Any], tokens: list[int]) -> None: ...
 
     def reset(self) -> None: ...
 
@@ -122,6 +130,11 @@ class LiveCache:
 
     def finished(self) -> None:
         pass
+
+    def adopt(self, layers: list[Any], tokens: list[int]) -> None:
+        """Take a finished completion's caches as the live ones (what they replace is dropped)."""
+        self.layers, self.tokens = layers, tokens
+        self.reserve(*self._reserved)
 
     def stats(self) -> dict[str, int]:
         return {"bytes": 0, "nodes": 0}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mlx.core as mx
 import numpy as np
 
 from plugd.runner.generate import Engine, fit_context
@@ -109,23 +110,27 @@ def test_cancelling_mid_decode_stops_at_the_next_step(engine, complete, make_req
 
 
 def test_caches_grow_with_use_not_to_the_whole_context_at_once(engine, complete):
-    """Sized for the prompt and (a bounded share of) the output when a completion starts, so decoding does not
-    reallocate; never for the whole context at once."""
+    """A decoding row is sized for its prompt and (a bounded share of) its output when it joins the batch, so
+    decoding does not reallocate; never for the whole context at once."""
 
-    def capacity() -> int:
-        (positions,) = {layer.keys.shape[2] for layer in engine.cache.layers}
-        return positions
+    def decoding(**fields) -> list[mx.array]:
+        """The first layer's key buffer of the batch at every decode step of a completion of PROMPT[:30]."""
+        seen = []
 
-    complete(engine, PROMPT[:10], num_predict=2, num_ctx=32768)
-    assert capacity() == 256  # one step for 12 positions, not 32,768
-    complete(engine, PROMPT[:10] + PROMPT[:20], num_predict=700, num_ctx=32768)
-    assert capacity() == 768  # sized for prompt and output (730 positions) when the completion started
-    storage = [layer.keys for layer in engine.cache.layers]
-    complete(engine, PROMPT[:10] + PROMPT[:20], num_predict=600, num_ctx=32768)
-    assert all(layer.keys is kept for layer, kept in zip(engine.cache.layers, storage)), "reallocated within room"
-    engine.cache.reset()
-    complete(engine, PROMPT[:10], cancelled=iter([False, False, True]).__next__, num_predict=-1, num_ctx=32768)
-    assert capacity() == 4352  # an output without a bound: 4,096 positions of it to start with
+        def watch() -> bool:
+            if engine.batch.layers:
+                seen.append(engine.batch.layers[0].keys)
+            return len(seen) > 3 and fields["num_predict"] < 0
+
+        complete(engine, PROMPT[:30], cancelled=watch, num_ctx=32768, **fields)
+        return seen
+
+    assert {keys.shape[2] for keys in decoding(num_predict=2)} == {256}  # one step for 32 positions, not 32,768
+    buffers = decoding(num_predict=700)
+    assert {keys.shape[2] for keys in buffers} == {768}  # sized for prompt and output (730 positions) at once
+    assert all(keys is buffers[0] for keys in buffers), "reallocated within room"
+    unbounded = decoding(num_predict=-1)
+    assert {keys.shape[2] for keys in unbounded} == {4352}  # no bound: 4,096 positions of output to start with
 
 
 def test_the_prefill_reports_its_start_and_each_chunk(engine, make_request):

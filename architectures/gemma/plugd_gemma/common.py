@@ -108,12 +108,12 @@ def attend(
     length = queries.shape[2]
     if cache is not None:
         keys, values = cache.update_and_fetch(keys, values)
-    if window is None:
-        mask = "causal" if length > 1 else None
-    elif cache is None:
-        mask = window_mask(0, length, 0, length, window)
-    else:
+    if cache is not None:
         mask = cache.mask(length)
+    elif window is None:
+        mask = "causal" if length > 1 else None
+    else:
+        mask = window_mask(0, length, 0, length, window)
     return attend_shared(queries, (keys, values, mask), scale), (keys, values, mask)
 
 

@@ -179,7 +179,7 @@ class Attention(nn.Module):
         keys, values = heads_first(self.k_proj(x), self.kv_heads), heads_first(self.v_proj(x), self.kv_heads)
         if cache is not None:
             keys, values = cache.update_and_fetch(keys, values)
-        out = attend(queries, keys, values, self.scale)
+        out = attend(queries, keys, values, self.scale, cache)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))
 
 

@@ -71,7 +71,7 @@ class Attention(nn.Module):
         queries, keys = self.rope(queries, offset), self.rope(keys, offset)
         if cache is not None:
             keys, values = cache.update_and_fetch(keys, values)
-        out = attend(queries, keys, values, self.scale)
+        out = attend(queries, keys, values, self.scale, cache)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))
 
 

@@ -121,7 +121,7 @@ class GatedAttention(nn.Module):
         queries, keys = self.rope(queries, offset), self.rope(keys, offset)
         if cache is not None:
             keys, values = cache.update_and_fetch(keys, values)
-        out = attend(queries, keys, values, self.scale).transpose(0, 2, 1, 3)
+        out = attend(queries, keys, values, self.scale, cache).transpose(0, 2, 1, 3)
         return self.o_proj((out * mx.sigmoid(gate)).reshape(batch, length, -1))
 
 

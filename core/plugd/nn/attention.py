@@ -27,14 +27,21 @@ def scaled_dot_product_attention(
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 
 
-def attend(queries: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
-    """Attention over (batch, heads, length, head_dim) tensors.
+def attend(queries: mx.array, keys: mx.array, values: mx.array, scale: float, cache=None) -> mx.array:
+    """Attention over (batch, heads, length, head_dim) tensors, `keys` and `values` being what `cache` (if any)
+    returned from its update.
 
     Keys and values may have fewer heads than queries (grouped-query
     attention); the kernel shares each key/value head across its group of
-    query heads. A multi-token query is masked causally with its last row
-    aligned to the last key, so a prompt chunk appended to cached keys sees
-    the whole cache plus its own past. A single token sees every key.
+    query heads. The cache says what each query may see (`cache.mask`): a
+    single sequence's, causally with the last query aligned to the last key,
+    so a prompt chunk appended to cached keys sees the whole cache plus its
+    own past; a batch's (plugd.nn.batch_cache), also none of a row's padding.
+    Without a cache a multi-token query is causal.
     """
-    mask = "causal" if queries.shape[2] > 1 else None
+    length = queries.shape[2]
+    if cache is not None:
+        mask = cache.mask(length)
+    else:
+        mask = "causal" if length > 1 else None
     return scaled_dot_product_attention(queries, keys, values, scale, mask)

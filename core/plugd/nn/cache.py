@@ -3,19 +3,22 @@
 A cache policy (plugd.runner_api) works with any layer cache through the `Cache` protocol: how far it is
 (`offset`), how far back it can `trim`, snapshots, and the bytes it holds. A cache that `spans` (keys and values)
 snapshots any span of its positions and restores by appending one; the others (a sliding window, a recurrent
-state) snapshot and restore their whole state only. `split` and `merge` take a cache of several sequences (its
-batch rows) apart into one cache per sequence and back. A new kind of cache implements the protocol and both
-policies take it as it is.
+state) snapshot and restore their whole state only. `batch()` gives the empty batch cache (plugd.nn.batch_cache)
+that decodes caches of this kind for several sequences at once. A new kind of cache implements the protocol and
+both policies, and the batched engine, take it as it is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import mlx.core as mx
 
 from plugd.constants import CACHE_STEP
+
+if TYPE_CHECKING:
+    from plugd.nn.batch_cache import BatchKVCache
 
 
 class Cache(Protocol):
@@ -43,20 +46,9 @@ class Cache(Protocol):
     def nbytes(self) -> int:
         """The bytes of the arrays the cache holds, room allocated ahead included."""
 
-    def split(self) -> list[Cache]:
-        """One cache per batch row, each holding (a copy of) its row's positions."""
-
-    @classmethod
-    def merge(cls, caches: Sequence[Cache]) -> Cache:
-        """One cache whose batch rows are `caches`, in order; ValueError unless they are at the same offset."""
-
-
-def same_offset(caches: Sequence[Cache]) -> int:
-    """The offset all of `caches` are at, for merging them; ValueError when they differ or there are none."""
-    offsets = {cache.offset for cache in caches}
-    if len(offsets) != 1:
-        raise ValueError(f"only caches at one offset merge, not at {sorted(offsets)}")
-    return offsets.pop()
+    def batch(self) -> Any:
+        """An empty batch cache for caches like this one: `extend(caches, limits)` adds rows continuing them,
+        `keep(rows)` drops the others, `row(r)` copies a row back out as a cache like this one."""
 
 
 class KVSpan(NamedTuple):
@@ -175,20 +167,11 @@ class KVCache:
     def nbytes(self) -> int:
         return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
 
-    def split(self) -> list[KVCache]:
-        if self.keys is None or self.offset == 0:
-            return [KVCache(self.step)]
-        parts = []
-        for row in range(self.keys.shape[0]):
-            part = KVCache(self.step)
-            part.restore(KVSpan(self.keys[row : row + 1], self.values[row : row + 1]).view(0, self.offset))
-            parts.append(part)
-        return parts
+    def mask(self, queries: int) -> str | None:
+        """The mask for the last `queries` positions written, over the keys the last update returned: causal."""
+        return "causal" if queries > 1 else None
 
-    @classmethod
-    def merge(cls, caches: Sequence[KVCache]) -> KVCache:
-        merged = cls(caches[0].step)
-        if same_offset(caches):
-            spans = [KVSpan(cache.keys, cache.values).view(0, cache.offset) for cache in caches]
-            merged.restore(KVSpan(mx.concatenate([s.keys for s in spans]), mx.concatenate([s.values for s in spans])))
-        return merged
+    def batch(self) -> BatchKVCache:
+        from plugd.nn.batch_cache import BatchKVCache
+
+        return BatchKVCache(step=self.step)

@@ -7,12 +7,12 @@ and going back to an earlier point means restoring a snapshot taken there.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import mlx.core as mx
 
-from plugd.nn.cache import same_offset
+if TYPE_CHECKING:
+    from plugd.nn.batch_cache import BatchRecurrentCache
 
 
 class RecurrentState(NamedTuple):
@@ -83,20 +83,7 @@ class RecurrentCache:
     def nbytes(self) -> int:
         return 0 if self.offset == 0 else self.conv.nbytes + self.recurrent.nbytes
 
-    def split(self) -> list[RecurrentCache]:
-        if self.offset == 0:
-            return [RecurrentCache()]
-        parts = []
-        for row in range(self.conv.shape[0]):
-            part = RecurrentCache()
-            part.state = RecurrentState(self.offset, self.conv[row : row + 1], self.recurrent[row : row + 1])
-            parts.append(part)
-        return parts
+    def batch(self) -> BatchRecurrentCache:
+        from plugd.nn.batch_cache import BatchRecurrentCache
 
-    @classmethod
-    def merge(cls, caches: Sequence[RecurrentCache]) -> RecurrentCache:
-        merged = cls()
-        if offset := same_offset(caches):
-            merged.state = RecurrentState(offset, mx.concatenate([c.conv for c in caches]),
-                                          mx.concatenate([c.recurrent for c in caches]))
-        return merged
+        return BatchRecurrentCache()

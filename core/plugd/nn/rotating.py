@@ -10,13 +10,14 @@ missing, and says so by forgetting fewer positions than asked.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import mlx.core as mx
 
 from plugd.constants import CACHE_STEP, ROTATING_SLACK
-from plugd.nn.cache import same_offset
+
+if TYPE_CHECKING:
+    from plugd.nn.batch_cache import BatchKVCache
 
 
 class RotatingState(NamedTuple):
@@ -131,23 +132,7 @@ class RotatingKVCache:
     def nbytes(self) -> int:
         return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
 
-    def split(self) -> list[RotatingKVCache]:
-        state = self.state
-        rows = 1 if state is None else state.keys.shape[0]
-        parts = [RotatingKVCache(self.window, self.slack, self.step) for _ in range(rows)]
-        for row, part in enumerate(parts if state is not None else []):
-            part.state = state._replace(keys=mx.contiguous(state.keys[row : row + 1]),
-                                        values=mx.contiguous(state.values[row : row + 1]))
-        return parts
+    def batch(self) -> BatchKVCache:
+        from plugd.nn.batch_cache import BatchKVCache
 
-    @classmethod
-    def merge(cls, caches: Sequence[RotatingKVCache]) -> RotatingKVCache:
-        first = caches[0]
-        merged = cls(first.window, first.slack, first.step)
-        if same_offset(caches):
-            if len({(cache.window, cache.start) for cache in caches}) != 1:
-                raise ValueError("only sliding-window caches of one window and one first position merge")
-            states = [cache.state for cache in caches]
-            merged.state = states[0]._replace(keys=mx.concatenate([s.keys for s in states]),
-                                              values=mx.concatenate([s.values for s in states]))
-        return merged
+        return BatchKVCache(self.window, self.slack, self.step)

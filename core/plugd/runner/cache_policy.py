@@ -82,6 +82,14 @@ class SingleSlotPolicy(LiveCache):
     def finished(self) -> None:
         self._wanted = set()
 
+    def adopt(self, layers: list[Any], tokens: list[int]) -> None:
+        """The snapshots along the path the new live caches share with the old stay; the rest are dropped."""
+        shared = common_prefix(self.tokens, tokens)
+        for offset in [offset for offset in self._snapshots if offset > shared]:
+            del self._snapshots[offset]
+        super().adopt(layers, tokens)
+        self._count()
+
     def stats(self) -> dict[str, int]:
         return self._stats  # replaced, never changed: a status request may read it from another thread
 

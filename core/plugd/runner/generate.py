@@ -1,46 +1,53 @@
-"""The runner's generation engine: one completion at a time on one model, in-process.
+"""The runner's generation engine: completions on one model, in-process, decoded together in one batch.
 
-A completion fits the prompt into the context, resumes from the longest prefix the
-cache policy (plugd.runner_api) can restore, prefills the rest in chunks, then
-decodes pipelined: step n+1 is dispatched to MLX before token n is read, so
-the device never waits for Python. All of it must run on one thread (MLX
+A completion (a `Sequence`) fits its prompt into the context and waits its
+turn to prefill: one sequence at a time brings its prompt into the cache
+policy's live caches (plugd.runner.prefill), resuming from the longest prefix
+the policy (plugd.runner_api) can restore, so that concurrent prompts sharing
+a prefix evaluate it once. Its caches are then copied into a row of the batch
+(plugd.runner.batch), and the policy is free for the next prompt. Each `step`
+evaluates one prefill chunk and one decode step of every row, so a long
+prompt holds the decoding rows up by at most one chunk. A row that ends
+leaves at once, and its caches go back to the policy (`adopt`), so that the
+next turn of its conversation resumes after its output.
+
+Decoding is pipelined: step n+1 is dispatched to MLX before token n is read,
+so the device never waits for Python. All of it must run on one thread (MLX
 streams are thread-local).
 
 Under a grammar (structured output) the forward pass of step n+1 is still
-dispatched before token n is read; only its sampling waits for the mask, which
-depends on token n and is computed while the forward pass runs. A grammar
-ends generation only where its structure is complete (the end-of-sequence
-tokens are masked until then), so stop strings, which could only cut a
-structure short, do not apply to a structured completion; running out of
-tokens inside the structure ends it with done_reason "length".
+dispatched before token n is read; only the row's sampling waits for its mask,
+which depends on token n and is computed while the forward pass runs. A
+grammar ends generation only where its structure is complete (the
+end-of-sequence tokens are masked until then), so stop strings, which could
+only cut a structure short, do not apply to a structured completion; running
+out of tokens inside the structure ends it with done_reason "length".
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Sequence as Ordered
+from typing import Any
 
-import attrs
 import mlx.core as mx
 import mlx.nn as nn
 from PIL import Image
 
 from plugd.constants import PREFILL_CHUNK
 from plugd.protocol import Completion, DoneEvent, PrefillEvent, TokenEvent
+from plugd.runner.batch import Batch
 from plugd.runner.cache_policy import single_slot
 from plugd.runner.grammar import TokenMask
-from plugd.runner.media import inside_run, media_runs
-from plugd.runner.sampling import NEGATIVE_INFINITY, Sampler
-from plugd.runner.stops import StopMatcher
+from plugd.runner.media import inside_run
+from plugd.runner.prefill import prefill
+from plugd.runner.sequence import Emit, Prompt, Sequence
 from plugd.runner_api import GrammarRefused, RunnerCachePolicy
-from plugd.tokenizer import Detokenizer, Tokenizer
+from plugd.tokenizer import Tokenizer
 
-# MLX keeps freed buffers for reuse; generation hands them back every this many tokens.
+# MLX keeps freed buffers for reuse; decoding hands them back every this many steps.
 RELEASE_BUFFERS_EVERY = 256
-# The output positions a completion's caches are sized for when it starts (with its prompt, within num_ctx and its
-# num_predict), so that memory stays flat while it decodes; a longer one grows them, doubling, as it goes.
-DECODE_HEADROOM = 4096
-
 
 Progress = Callable[[PrefillEvent], None]
 
@@ -50,13 +57,13 @@ def prompt_limit(num_ctx: int) -> int:
     return max(num_ctx - 1, 1)
 
 
-def fit_context(tokens: Sequence[int], num_ctx: int, num_keep: int) -> list[int]:
+def fit_context(tokens: Ordered[int], num_ctx: int, num_keep: int) -> list[int]:
     """Truncate the prompt as Ollama does: the first `num_keep` tokens and the most recent ones, leaving room
     for at least one generated token."""
     return fit_prompt(tokens, tokens, num_ctx, num_keep)[0]
 
 
-def fit_prompt(tokens: Sequence[int], keys: Sequence[int], num_ctx: int, num_keep: int) -> tuple[list[int], list[int]]:
+def fit_prompt(tokens: Ordered[int], keys: Ordered[int], num_ctx: int, num_keep: int) -> tuple[list[int], list[int]]:
     """`fit_context` for tokens and their cache keys together; an image is kept whole or dropped whole."""
     limit = prompt_limit(num_ctx)
     if len(tokens) <= limit:
@@ -70,55 +77,8 @@ def fit_prompt(tokens: Sequence[int], keys: Sequence[int], num_ctx: int, num_kee
     return [*tokens[:keep], *tokens[tail:]], [*keys[:keep], *keys[tail:]]
 
 
-@attrs.frozen
-class _PendingToken:
-    """A dispatched step's results, not yet read."""
-
-    token: mx.array
-    logprob: mx.array | None
-    top_ids: mx.array | None
-    top_logprobs: mx.array | None
-
-    def arrays(self) -> list[mx.array]:
-        return [a for a in (self.token, self.logprob, self.top_ids, self.top_logprobs) if a is not None]
-
-    def read(self) -> TokenEvent:
-        event = TokenEvent("", self.token.item())
-        if self.logprob is not None:
-            event.logprob = self.logprob.item()
-        if self.top_ids is not None:  # tokens a grammar ruled out have no probability, so no place among them
-            event.top_logprobs = [(t, lp) for t, lp in zip(self.top_ids.tolist(), self.top_logprobs.tolist())
-                                  if lp != NEGATIVE_INFINITY]
-        return event
-
-
-@attrs.define
-class _Tally:
-    prompt_tokens: int
-    started_ns: int = attrs.Factory(time.perf_counter_ns)
-    first_token_ns: int | None = None
-    prompt_eval_count: int = 0
-    eval_count: int = 0
-    fills_context: bool = False  # the generation's budget is the room num_ctx leaves, not a smaller num_predict
-
-    def done(self, reason: str, text: str = "", stop_sequence: str | None = None) -> DoneEvent:
-        now = time.perf_counter_ns()
-        prompt_end = self.first_token_ns or now
-        return DoneEvent(
-            done_reason=reason,
-            prompt_tokens=self.prompt_tokens,
-            prompt_eval_count=self.prompt_eval_count,
-            prompt_eval_duration=prompt_end - self.started_ns,
-            eval_count=self.eval_count,
-            eval_duration=now - prompt_end,
-            text=text,
-            stop_sequence=stop_sequence,
-            context_full=reason == "length" and self.fills_context,
-        )
-
-
 class Engine:
-    """Generates completions on one model, one at a time, reusing the previous completion's caches."""
+    """Generates completions on one model, several at once, reusing earlier completions' caches."""
 
     def __init__(self, model: nn.Module, tokenizer: Tokenizer, prefill_chunk: int = PREFILL_CHUNK,
                  cache_policy: Callable[[nn.Module], RunnerCachePolicy] = single_slot):
@@ -128,14 +88,24 @@ class Engine:
         self.cache = cache_policy(model)
         # Only the output's shape is read: MLX builds the graph without computing it.
         self.logits_width: int = model(mx.zeros((1, 1), mx.int32), cache=model.make_cache()).shape[-1]
+        self.batch = Batch(model)
+        self._waiting: deque[Sequence] = deque()
+        self._prefilling: tuple[Sequence, Iterator[None]] | None = None
+        self._returned: tuple[list[Any], list[int]] | None = None  # a finished row's caches, for the policy
+        self._steps = 0
 
-    def complete(
-        self, request: Completion, cancelled: Callable[[], bool], grammar: Callable[[], TokenMask] | None = None,
-        images: Mapping[int, Image.Image] | None = None, progress: Progress = lambda event: None,
-        keys: Sequence[int] | None = None,
-    ) -> Iterator[TokenEvent | DoneEvent]:
-        """Token events, then one DoneEvent. `cancelled` is polled between prefill chunks and decode steps;
-        `progress` is told where the prefill is as it starts and after each chunk.
+    @property
+    def idle(self) -> bool:
+        return not (self._waiting or self._prefilling or self.batch.rows)
+
+    def submit(
+        self, request: Completion, emit: Emit, cancelled: Callable[[], bool],
+        grammar: Callable[[], TokenMask] | None = None, images: Mapping[int, Image.Image] | None = None,
+        progress: Progress = lambda event: None, keys: Ordered[int] | None = None,
+    ) -> Sequence:
+        """Queue a completion; `step` runs it. `emit` gets its token events, then one DoneEvent (or the exception
+        that ended it), then None. `cancelled` is polled before each of its prefill chunks and decode steps;
+        `progress` is told where its prefill is as it starts and after each chunk.
 
         `grammar`, for structured output, gives the request's TokenMask; it is called once the prefill is
         done, so that compiling the grammar can overlap the prefill. `keys` are the cache keys of the prompt's
@@ -147,187 +117,152 @@ class Engine:
             raise ValueError("a completion needs at least one prompt token")
         if keys[-1] < 0:
             raise ValueError("a prompt must not end with an image")
-        try:
-            yield from self._complete(_Prompt(prompt, keys, images or {}), request, cancelled, grammar, progress)
-        except GrammarRefused:
-            raise  # refused between prefill and decode: the caches are whole
-        except Exception:
-            self.cache.reset()  # a step that failed half-way leaves caches and tokens out of step
-            raise
-        finally:
-            self.cache.finished()
+        sequence = Sequence(request, Prompt(prompt, keys, images or {}), emit, cancelled, grammar, progress)
+        self._waiting.append(sequence)
+        return sequence
 
-    def _complete(
-        self, prompt: _Prompt, request: Completion, cancelled: Callable[[], bool],
-        grammar: Callable[[], TokenMask] | None, progress: Progress,
-    ):
-        tally = _Tally(len(prompt.tokens))
-        room = request.num_ctx - len(prompt.tokens)
-        budget = room if request.num_predict < 0 else min(request.num_predict, room)
-        self.cache.reserve(request.num_ctx, len(prompt.tokens) + min(max(budget, 0), DECODE_HEADROOM))
-        if not self._prefill(prompt, tally, cancelled, progress):
-            yield tally.done("cancel")
-            return
-        tally.fills_context = budget == room
-        if budget <= 0:
-            yield tally.done("length")
-            return
-        mask = grammar() if grammar is not None else None
-        yield from self._decode(prompt.tokens, request, budget, tally, cancelled, mask)
-
-    def _prefill(self, prompt: _Prompt, tally: _Tally, cancelled: Callable[[], bool], progress: Progress) -> bool:
-        """Bring the caches up to all but the last prompt token, chunk by chunk; False when cancelled.
-
-        Chunks also end where the cache policy wants to capture a restore point. Neither ever falls inside
-        an image's run: the image is evaluated whole in one forward (its positions attend to each other).
-        """
-        keys, runs = prompt.keys, media_runs(prompt.keys)
-        start, end = self.cache.resume(keys), len(keys) - 1
-        if inside_run(keys, start):  # no policy restores into an image, since none was ever cut; but be safe
-            self.cache.reset()
-            start = 0
-        embeddings = self._embeddings(prompt, [run for run in runs if run[0] >= start])
-        captures = sorted({_before_run(p, runs) for p in self.cache.capture_points(start, end)})
-        cached = start
-        progress(PrefillEvent(len(keys), cached, 0))
-        while start < end:
-            if cancelled():
-                return False
-            stop = min([start + self.prefill_chunk, end, *(p for p in captures if p > start)])
-            stop = _chunk_end(start, stop, runs)
-            media = [(s - start, embeddings[keys[s]]) for s, _ in runs if start <= s < stop]
-            self._prefill_chunk(prompt.tokens[start:stop], keys[start:stop], media)
-            tally.prompt_eval_count += stop - start
-            self.cache.prefilled()
-            start = stop
-            progress(PrefillEvent(len(keys), cached, tally.prompt_eval_count))
-        return True
-
-    def _embeddings(self, prompt: _Prompt, runs: list[tuple[int, int]]) -> dict[int, mx.array]:
-        """The embeddings of the images in `runs`, by key, each image preprocessed and embedded once, evaluated now."""
-        wanted = list(dict.fromkeys(prompt.keys[start] for start, _ in runs))
-        if not wanted:
-            return {}
-        pixels = [self.model.preprocess(prompt.images[key]) for key in wanted]
-        if len({p.shape for p in pixels}) == 1:
-            embedded = list(self.model.embed_media(mx.stack(pixels)))
-        else:
-            embedded = [self.model.embed_media(p[None])[0] for p in pixels]
-        mx.eval(embedded)
-        by_key = dict(zip(wanted, embedded, strict=True))
-        for start, end in runs:
-            if by_key[prompt.keys[start]].shape[0] != end - start:
-                raise ValueError(f"an image gives {by_key[prompt.keys[start]].shape[0]} embeddings, "
-                                 f"but its placeholder expanded to {end - start} tokens")
-        return by_key
-
-    def _prefill_chunk(self, tokens: list[int], keys: list[int], media: list[tuple[int, mx.array]]) -> None:
-        """Run `tokens` (whose images' spans `media` holds) through the model into the caches, evaluated now."""
-        inputs = mx.array(tokens, mx.int32)[None]
-        if media:
-            self.model(inputs, cache=self.cache.layers, media=media)
-        else:
-            self.model(inputs, cache=self.cache.layers)
-        mx.eval([layer.state for layer in self.cache.layers])
-        self.cache.tokens += keys
-
-    def _decode(
-        self, prompt: list[int], request: Completion, budget: int, tally: _Tally, cancelled: Callable[[], bool],
-        mask: TokenMask | None,
+    def complete(
+        self, request: Completion, cancelled: Callable[[], bool], grammar: Callable[[], TokenMask] | None = None,
+        images: Mapping[int, Image.Image] | None = None, progress: Progress = lambda event: None,
+        keys: Ordered[int] | None = None,
     ) -> Iterator[TokenEvent | DoneEvent]:
-        """Generate up to `budget` tokens from the last prompt token, each step dispatched before the last is read."""
-        sampler = Sampler(request.sampling, prompt, request.num_ctx)
-        top_n = request.top_logprobs if request.logprobs else 0
-
-        def sample(logits: mx.array) -> _PendingToken:
-            return self._sample(logits, sampler, mask.allowed() if mask else None, request.logprobs, top_n)
-
-        pending = sample(self._forward(mx.array(prompt[-1:], mx.int32)))
-        self.cache.tokens.append(prompt[-1])
-        tally.prompt_eval_count += 1
-        detokenizer, stops = Detokenizer(self.tokenizer), StopMatcher(request.stop if mask is None else ())
+        """One completion run to its end (`submit`'s arguments), with whatever else is queued: its events, the
+        exception that ended it raised."""
+        events: deque = deque()
+        self.submit(request, events.append, cancelled, grammar, images, progress, keys)
         while True:
-            if cancelled():
-                yield tally.done("cancel")
-                return
-            more = tally.eval_count + 1 < budget
-            logits = following = None
-            if more:
-                logits = self._forward(pending.token)
-                if mask is None:
-                    following = sample(logits)
-                else:
-                    mx.async_eval(logits)  # runs while the grammar works out what token n allows next
-            event = pending.read()
-            if tally.first_token_ns is None:
-                tally.first_token_ns = time.perf_counter_ns()
-            if more:
-                self.cache.tokens.append(event.token)  # `following` fed it to the model
-            tally.eval_count += 1
-            if tally.eval_count // RELEASE_BUFFERS_EVERY > (tally.eval_count - 1) // RELEASE_BUFFERS_EVERY:
-                mx.clear_cache()
-            if event.token in self.tokenizer.eos_ids:
-                yield tally.done("stop", _remaining_text(detokenizer, stops), stops.matched)
-                return
-            text = detokenizer.add(event.token)
-            if mask is not None:
-                mask.accept(event.token, text)
-                if more:
-                    following = sample(logits)
-            event.text = stops.feed(text)
-            yield event
-            if stops.stopped:
-                yield tally.done("stop", stop_sequence=stops.matched)
-                return
-            if not more:
-                text = _remaining_text(detokenizer, stops)
-                yield tally.done("stop" if stops.stopped else "length", text, stops.matched)
-                return
-            pending = following
+            while events:
+                event = events.popleft()
+                if event is None:
+                    return
+                if isinstance(event, Exception):
+                    raise event
+                yield event
+            self.step()
 
-    def _forward(self, tokens: mx.array) -> mx.array:
-        """The next-token logits after feeding `tokens` (1-D, possibly not yet computed) to the model; lazy."""
-        return self.model(tokens.reshape(1, -1), cache=self.cache.layers)[0, -1]
+    def step(self) -> None:
+        """One prefill chunk of the sequence whose turn it is, then one decode step of every decoding row."""
+        if self._prefilling is None:
+            self._start_prefill()
+        if self._prefilling is not None:
+            self._prefill_chunk(*self._prefilling)
+        if self.batch.rows:
+            self._decode_step()
 
-    def _sample(
-        self, logits: mx.array, sampler: Sampler, allowed: mx.array | None, logprobs: bool, top_n: int
-    ) -> _PendingToken:
-        """Start computing the token drawn from `logits` (and its log-probabilities)."""
-        token, distribution = sampler(logits, allowed)
-        chosen = distribution[token] if logprobs else None
-        top_ids = top_logprobs = None
-        top_n = min(top_n, distribution.shape[-1])
-        if top_n > 0:
-            candidates = mx.argpartition(-distribution, kth=top_n - 1)[:top_n]
-            top_ids = candidates[mx.argsort(-distribution[candidates])]
-            top_logprobs = distribution[top_ids]
-        pending = _PendingToken(token, chosen, top_ids, top_logprobs)
-        mx.async_eval(*pending.arrays())
-        return pending
+    def live_bytes(self) -> int:
+        """What the live caches hold: the policy's and the decoding rows'."""
+        return sum(layer.nbytes for layer in self.cache.layers) + self.batch.nbytes
 
+    def _start_prefill(self) -> None:
+        """The next waiting sequence resumes from the policy's caches, up to its first chunk; the ones waiting
+        behind it that were cancelled end."""
+        if not self._waiting:
+            return
+        sequence = self._waiting.popleft()
+        for waiting in [s for s in self._waiting if s.cancelled()]:
+            self._waiting.remove(waiting)
+            waiting.end(waiting.tally.done("cancel"))
+        self._prefilling = (sequence, prefill(self.model, self.cache, sequence, self.prefill_chunk))
+        self._advance(*self._prefilling)
 
-@attrs.frozen
-class _Prompt:
-    tokens: list[int]
-    keys: list[int]
-    images: Mapping[int, Image.Image]
+    def _prefill_chunk(self, sequence: Sequence, chunks: Iterator[None]) -> None:
+        if sequence.cancelled():
+            self._settle(sequence, sequence.tally.done("cancel"))
+        else:
+            self._advance(sequence, chunks)
 
+    def _advance(self, sequence: Sequence, chunks: Iterator[None]) -> None:
+        """Run the prefill to its next chunk; hand the sequence off to the batch when the prefill is done."""
+        try:
+            if next(chunks, StopIteration) is StopIteration:
+                self._hand_off(sequence)
+        except Exception as exc:
+            self.cache.reset()  # a step that failed half-way leaves caches and tokens out of step
+            self._settle(sequence, exc)
 
-def _before_run(position: int, runs: list[tuple[int, int]]) -> int:
-    """`position`, or the start of the image run it falls inside."""
-    return next((start for start, end in runs if start < position < end), position)
+    def _hand_off(self, sequence: Sequence) -> None:
+        """The prompt is in the policy's caches: the sequence joins the batch with a copy of them."""
+        try:
+            mask = sequence.grammar() if sequence.grammar is not None else None
+        except GrammarRefused as exc:  # refused between prefill and decode: the caches are whole
+            self._settle(sequence, exc)
+            return
+        if sequence.budget <= 0:
+            self._settle(sequence, sequence.tally.done("length"))
+            return
+        sequence.start_decoding(self.tokenizer, mask)
+        self.batch.join(sequence, self.cache.layers)
+        self._settle(sequence, None)
 
+    def _settle(self, sequence: Sequence, outcome: DoneEvent | Exception | None) -> None:
+        """The policy's caches are done with `sequence`'s prefill (which ended it with `outcome`, if any)."""
+        self._prefilling = None
+        self.cache.finished()
+        if outcome is not None:
+            sequence.end(outcome)
+        if self._returned is not None:
+            self.cache.adopt(*self._returned)
+            self._returned = None
 
-def _chunk_end(start: int, stop: int, runs: list[tuple[int, int]]) -> int:
-    """`stop`, moved off any image run it would cut: back to the run's start, or, for a run the chunk begins
-    with, on to its end."""
-    for run_start, run_end in runs:
-        if run_start < stop < run_end:
-            return run_start if run_start > start else run_end
-    return stop
+    def _decode_step(self) -> None:
+        rows = list(self.batch.rows)
+        try:
+            self._decode(rows)
+        except Exception as exc:  # a forward pass failed: every row fails, and the batch's caches go
+            for sequence in rows:
+                sequence.end(exc)
+            self.batch.clear()
+        self._steps += 1
+        if self._steps % RELEASE_BUFFERS_EVERY == 0:
+            mx.clear_cache()
 
+    def _decode(self, rows: list[Sequence]) -> None:
+        """Feed every row its token, draw each row's next one, and read the ones drawn the step before."""
+        for sequence in rows:
+            if sequence.cancelled():
+                sequence.end(sequence.tally.done("cancel"))
+        last = [s for s in rows if not s.ended and not s.more]  # read without feeding: their budget ends there
+        self._leave([s for s in rows if s.ended or not s.more])
+        feeding = list(self.batch.rows)
+        drawn: dict[Sequence, Any] = {}
+        logits = None
+        if feeding:
+            had_token = [s.pending is not None for s in feeding]
+            logits = self.batch.forward(mx.concatenate([s.feed() for s in feeding]))
+            for i, sequence in enumerate(feeding):
+                if not sequence.structured:
+                    drawn[sequence] = sequence.draw(logits[i])
+            if len(drawn) < len(feeding):
+                mx.async_eval(logits)  # runs while the grammars work out what their rows allow next
+        for sequence in last:
+            self._read(sequence, fed=False)
+        for i, sequence in enumerate(feeding):
+            if had_token[i] and self._read(sequence, fed=True):
+                continue
+            if sequence.structured and not sequence.ended:
+                drawn[sequence] = self._guarded(sequence, lambda s=sequence, i=i: s.draw(logits[i]))
+        for sequence in feeding:
+            sequence.pending = drawn.get(sequence)
+        self._leave([s for s in feeding if s.ended])
 
-def _remaining_text(detokenizer: Detokenizer, stops: StopMatcher) -> str:
-    """The text still held by the detokenizer and the stop matcher, at the end of generation."""
-    text = stops.feed(detokenizer.flush())
-    return text if stops.stopped else text + stops.flush()
+    def _read(self, sequence: Sequence, fed: bool) -> bool:
+        """Read a row's pending token; True when the sequence has ended (then or through a failure)."""
+        return self._guarded(sequence, lambda: sequence.read(fed, self.tokenizer.eos_ids)) in (True, None)
+
+    @staticmethod
+    def _guarded(sequence: Sequence, work: Callable[[], Any]) -> Any:
+        """`work` for one row: a failure (its grammar's, say) ends that row alone, and gives None."""
+        try:
+            return work()
+        except Exception as exc:
+            sequence.end(exc)
+            return None
+
+    def _leave(self, leaving: list[Sequence]) -> None:
+        """Take rows out of the batch; the last one's caches go back to the policy, once no prefill uses it."""
+        for sequence, caches in self.batch.leave(leaving):
+            if not isinstance(sequence.outcome, Exception):
+                self._returned = (caches, sequence.held)
+        if self._returned is not None and self._prefilling is None:
+            self.cache.adopt(*self._returned)
+            self._returned = None

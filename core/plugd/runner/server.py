@@ -3,7 +3,7 @@
 Routes: GET /status (memory figures), POST /completion (a plugd.protocol.Completion: token ids, and the images
 by file; NDJSON events: the prefill's progress, tokens, done), POST /embed (an embedding model's: token ids in,
 vectors out). All MLX work runs on one dedicated thread, since
-MLX streams are thread-local; completions queue behind each other there.
+MLX streams are thread-local; the completions under way are decoded together there, in one batch.
 
 A completion with `truncate` false is refused with status 400 (kind "context_exceeded") when its prompt does
 not fit num_ctx, instead of being truncated.
@@ -21,11 +21,12 @@ import ctypes.util
 import importlib
 import logging
 import os
+import queue
 import resource
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ class ModelHost:
         self.engine: Engine | None = loaded if isinstance(loaded, Engine) else None
         self.embedder: Embedder | None = loaded if isinstance(loaded, Embedder) else None
         self.load_seconds = time.perf_counter() - started
+        self.completions = Completions(self)
         self.grammars = Grammars(lambda: GrammarVocabulary.of(self.engine.tokenizer, self.engine.logits_width),
                                  config.grammar_engines)
 
@@ -87,8 +89,44 @@ class ModelHost:
         }
 
 
+class Completions:
+    """Feeds the engine the completions that arrive and steps it on the MLX thread while it has work: the
+    completions under way decode together there (plugd.runner.generate)."""
+
+    def __init__(self, host: ModelHost):
+        self._host = host
+        self._arrivals: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._stepping = False
+
+    def start(self, submission: Callable[[Engine], None]) -> None:
+        """Have `submission` called with the engine on the MLX thread, before its next step."""
+        self._arrivals.put(submission)
+        with self._lock:
+            if self._stepping:
+                return
+            self._stepping = True
+        self._host.mlx.submit(self._run)
+
+    def _run(self) -> None:
+        engine = self._host.engine
+        while True:
+            while not self._arrivals.empty():
+                self._arrivals.get()(engine)
+            if engine.idle:
+                with self._lock:
+                    if self._arrivals.empty():
+                        self._stepping = False
+                        return
+                continue
+            try:
+                engine.step()
+            except Exception:  # the engine ends the sequences a failure concerns; this is a bug of its own
+                log.exception("a generation step failed")
+
+
 class Running:
-    """One completion, started on the MLX thread at once, its events queued for the HTTP response.
+    """One completion, handed to the engine at once, its events queued for the HTTP response.
 
     `keys` are the prompt's cache keys and `images` its images by key (plugd.runner.media.keyed); `grammar`
     (being compiled) is waited for only once the prefill is done.
@@ -96,35 +134,37 @@ class Running:
 
     def __init__(self, host: ModelHost, request: protocol.Completion, keys: list[int], images: dict[int, Image.Image],
                  grammar: Future[TokenMaskFactory] | None):
-        self._host = host
         self._loop = asyncio.get_running_loop()
         self._events: asyncio.Queue = asyncio.Queue()
         self._cancelled = threading.Event()
-        self._work = self._loop.run_in_executor(host.mlx, self._produce, request, keys, images, grammar)
+        self._ended = self._loop.create_future()
+        mask = None if grammar is None else lambda: grammar.result()()
 
-    def _produce(self, request: protocol.Completion, keys: list[int], images: dict[int, Image.Image],
-                 grammar: Future[TokenMaskFactory] | None) -> None:
-        put = self._events.put_nowait
-        try:
-            mask = None if grammar is None else lambda: grammar.result()()
+        def submit(engine: Engine) -> None:
+            try:
+                engine.submit(request, self._send, self._cancelled.is_set, mask, images, self._send, keys)
+            except Exception as exc:
+                self._send(exc)
+                self._send(None)
 
-            def send(event: RunnerEvent) -> None:
-                self._loop.call_soon_threadsafe(put, event)
+        host.completions.start(submit)
 
-            for event in self._host.engine.complete(request, self._cancelled.is_set, mask, images, send, keys):
-                send(event)
-        except GrammarRefused:
-            pass  # the request was already answered with the refusal
-        except Exception as exc:  # reported to the daemon as an error line
-            log.exception("completion failed")
-            self._loop.call_soon_threadsafe(put, exc)
-        self._loop.call_soon_threadsafe(put, None)
+    def _send(self, event: RunnerEvent | Exception | None) -> None:
+        self._loop.call_soon_threadsafe(self._deliver, event)
+
+    def _deliver(self, event: RunnerEvent | Exception | None) -> None:
+        self._events.put_nowait(event)
+        if event is None and not self._ended.done():
+            self._ended.set_result(None)
 
     async def lines(self) -> AsyncIterator[bytes]:
         """The completion's NDJSON lines; stopping early cancels it."""
         try:
             while (event := await self._events.get()) is not None:
+                if isinstance(event, GrammarRefused):
+                    continue  # the request was already answered with the refusal
                 if isinstance(event, Exception):
+                    log.error("completion failed: %s", event, exc_info=event)
                     yield event_line(ErrorEvent(f"generation failed: {event}"))
                     continue
                 yield event_line(event)
@@ -132,9 +172,9 @@ class Running:
             await self.cancel()
 
     async def cancel(self) -> None:
-        """Stop at the next prefill chunk or decode step, and wait until the MLX thread is done with it."""
+        """Stop at the next prefill chunk or decode step, and wait until the engine is done with it."""
         self._cancelled.set()
-        await self._work
+        await asyncio.shield(self._ended)
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
@@ -171,7 +211,7 @@ async def status(request: Request) -> dict[str, Any]:
     host = _host(request)
     # Read off the MLX thread: a snapshot of two counters, good enough for a status line.
     cache = {} if host.engine is None else {"cache": host.engine.cache.stats() | {
-        "live_bytes": sum(layer.nbytes for layer in host.engine.cache.layers)}}
+        "live_bytes": host.engine.live_bytes()}}
     return {"status": "ready", "load_seconds": host.load_seconds, "memory": host.memory(),
             "device": mx.default_device().type.name, "float_bytes": compute_dtype().size} | cache | _working_set()
 

@@ -96,6 +96,13 @@ class PrefixCachePolicy(LiveCache):
     def finished(self) -> None:
         self._store()
 
+    def adopt(self, layers: list[Any], tokens: list[int]) -> None:
+        """The new live caches hold the same KV as the old over their common prefix, so the live path's nodes
+        there stay lazy; only what the old held beyond it is paged out."""
+        self._page_out_beyond(common_prefix(self.tokens, tokens))
+        super().adopt(layers, tokens)
+        self._store()
+
     def stats(self) -> dict[str, int]:
         return dict(self._stats)  # counted on the MLX thread: a status request may read it from another
 
