@@ -64,10 +64,10 @@ class Trained:
     tokenizer: Tokenizer
     grammars: Grammars
 
-    def engine(self) -> Engine:
+    def engine(self, one_at_a_time: bool = False) -> Engine:
         """An engine with the prefix-cache policy (what a runner runs when it is installed)."""
         return Engine(self.model, self.tokenizer, prefill_chunk=32, cache_policy=lambda model: make_policy(
-            "plugd_prefix_cache.policy:prefix_cache", model))
+            "plugd_prefix_cache.policy:prefix_cache", model), one_at_a_time=one_at_a_time)
 
     def request(self, transcript: Transcript, **fields) -> Completion:
         defaults = {"tokens": self.tokenizer.encode(transcript.prompt), "sampling": GREEDY, "num_predict": 80,
@@ -180,3 +180,14 @@ def test_a_finished_row_leaves_its_caches_to_the_next_turn(trained):
     # The first prompt, its reply and the end of turn that ended it were not evaluated again, whatever the caches.
     assert done.prompt_eval_count == len(follow_up.tokens) - len(answered)
     assert [e.token for e in events] == alone(trained, follow_up).tokens
+
+
+def test_one_at_a_time_a_completion_decodes_in_the_policys_own_caches(trained):
+    engine = trained.engine(one_at_a_time=True)
+    for transcript in (LONG, SHORT, MEDIUM):
+        request = trained.request(transcript)
+        decoded_in = []
+        outcome = Outcome(list(engine.complete(request, lambda seen=decoded_in: seen.append(engine.batch.layers))))
+        assert outcome.tokens == alone(trained, request).tokens and outcome.text == transcript.completion
+        assert all(layers is None or layers is engine.cache.layers for layers in decoded_in)
+        assert engine.live_bytes() == sum(layer.nbytes for layer in engine.cache.layers)

@@ -2,8 +2,9 @@
 dialect (and, on an event stream, a `: queued` comment), so that a client sees the request accepted and its idle
 timeout does not fire; it is answered in full once the runner is free.
 
-The runner is held busy by a generation whose runner is stopped (SIGSTOP), so the requests behind it wait for
-as long as the test needs, whatever the machine's speed."""
+The runner (one request at a time: OLLAMA_NUM_PARALLEL=1, Ollama's own variable) is held busy by a generation
+whose runner is stopped (SIGSTOP), so the requests behind it wait for as long as the test needs, whatever the
+machine's speed."""
 
 import json
 import os
@@ -25,7 +26,7 @@ LAST = {"/api/chat": '"done": true', "/v1/chat/completions": "data: [DONE]",
 
 @pytest.fixture
 def server(modelfile_server, tiny_qwen3):
-    return modelfile_server({"m": f"FROM {tiny_qwen3}\nPARAMETER temperature 0\n"})
+    return modelfile_server({"m": f"FROM {tiny_qwen3}\nPARAMETER temperature 0\n"}, env={"OLLAMA_NUM_PARALLEL": "1"})
 
 
 class Waiter(threading.Thread):

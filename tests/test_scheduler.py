@@ -14,6 +14,7 @@ from plugd.chat.models import ResolvedModel
 from plugd.hookspecs import Architecture, CachePolicy, MemoryFit, ModelFiles
 from plugd.plugins import Registry
 from plugd.protocol import RunnerConfig
+from plugd.scheduler import memory
 from plugd.scheduler.memory import InsufficientMemory
 from plugd.scheduler.runner_client import UnloadableModel
 from plugd.scheduler.scheduler import QueueFull, Scheduler
@@ -100,6 +101,8 @@ def runners() -> Runners:
 
 
 def scheduler(runners: Runners, bound: int | None = BOUND, **settings) -> Scheduler:
+    """A scheduler over fake runners; one request per runner at a time unless `num_parallel` says otherwise."""
+    settings.setdefault("num_parallel", 1)
     fits = [] if bound is None else [MemoryFit("fixed", lambda held: bound)]
     registry = Registry(plugins=[], items={"plugd_memory_fits": fits,
                                            "plugd_cache_policies": [CachePolicy("single-slot", "nowhere:none")]})
@@ -118,9 +121,9 @@ async def holding(s: Scheduler, m: ResolvedModel, entered: asyncio.Event, leave:
         await leave.wait()
 
 
-def test_a_loaded_model_is_reused_and_its_slot_is_one_request_at_a_time(runners):
+def test_a_loaded_model_is_reused_and_with_one_slot_serves_one_request_at_a_time(runners):
     async def scenario():
-        s = scheduler(runners)
+        s = scheduler(runners, num_parallel=1)
         entered, leave = asyncio.Event(), asyncio.Event()
         first = asyncio.create_task(holding(s, model("a"), entered, leave))
         await entered.wait()
@@ -131,8 +134,42 @@ def test_a_loaded_model_is_reused_and_its_slot_is_one_request_at_a_time(runners)
         leave.set()
         await asyncio.gather(first, second)
         assert len(runners.made) == 1 and not s.must_wait("sha256:a", CONTEXT)
+        assert runners.made[0].config.num_parallel == 1
 
     asyncio.run(scenario())
+
+
+def test_requests_up_to_the_parallel_slots_hold_one_runner_together(runners):
+    async def scenario():
+        s = scheduler(runners, num_parallel=2)
+        leave = asyncio.Event()
+        entered = [asyncio.Event(), asyncio.Event()]
+        holders = [asyncio.create_task(holding(s, model("a"), event, leave)) for event in entered]
+        await asyncio.gather(*(event.wait() for event in entered))
+        assert s.must_wait("sha256:a", CONTEXT)
+        third = asyncio.create_task(use(s, model("a")))
+        await asyncio.sleep(0)
+        assert not third.done()
+        leave.set()
+        await asyncio.gather(*holders, third)
+        assert len(runners.made) == 1 and runners.made[0].config.num_parallel == 2
+
+    asyncio.run(scenario())
+
+
+def test_the_default_parallel_slots_are_what_memory_allows(runners):
+    caches = memory.CacheEstimate.of(model("a").architecture, CONFIG, memory.guessed_float_bytes())
+    one, two = caches.bytes(CONTEXT), caches.bytes(CONTEXT, 2)
+    assert two > 2 * one  # two decode beside the policy's live caches
+    roomy = scheduler(runners, num_parallel=None)
+    tight = scheduler(Runners(), bound=100 * MiB + (one + two) // 2, num_parallel=None)
+
+    async def loaded(s: Scheduler) -> int:
+        await use(s, model("a"))
+        return s.loaded["sha256:a"].parallel
+
+    assert asyncio.run(loaded(roomy)) == memory.DEFAULT_PARALLEL
+    assert asyncio.run(loaded(tight)) == 1
 
 
 def test_requests_beyond_the_queue_limit_are_refused(runners):

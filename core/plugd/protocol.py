@@ -33,6 +33,7 @@ class RunnerConfig:
     grammar_engines: dict[str, str] = Factory(dict)  # the installed engines' factories, by name (GrammarEngine)
     log_level: str = "INFO"
     embedding: EmbeddingLayout | None = None  # an embedding model's pipeline: the runner embeds, and generates not
+    num_parallel: int = 1  # the completions the daemon sends at once, which decode together
 
     def to_json(self) -> str:
         return json.dumps(converter.unstructure(self))

@@ -50,6 +50,8 @@ ENVIRONMENT = (
              "how long an idle model stays loaded; 0 unloads after each request, negative keeps it"),
     Variable("PLUGD_MAX_LOADED_MODELS", "unlimited", "models loaded at once; idle ones are evicted first"),
     Variable("PLUGD_MAX_QUEUE", "512", "requests waiting for a model before the daemon answers 503"),
+    Variable("PLUGD_NUM_PARALLEL", "OLLAMA_NUM_PARALLEL, else 4 where memory allows",
+             "requests one model decodes together; more wait for a slot"),
     Variable("PLUGD_CONTEXT_LENGTH", "each model's maximum, lowered to what its caches fit in the memory left "
              "after its weights and prompt cache, at least 4096", "num_ctx of requests that set none"),
     Variable("PLUGD_LOAD_TIMEOUT", "600", "seconds a runner may take to load its model"),
@@ -119,6 +121,16 @@ def _number(name: str, value: str | None, kind: type, default: float | None) -> 
             from None
 
 
+def _parallel(environ: Mapping[str, str]) -> int | None:
+    """PLUGD_NUM_PARALLEL, else OLLAMA_NUM_PARALLEL (as Ollama's users set it); None (from memory) when neither is
+    set or it is 0."""
+    name = "PLUGD_NUM_PARALLEL" if environ.get("PLUGD_NUM_PARALLEL", "").strip() else "OLLAMA_NUM_PARALLEL"
+    parallel = _number(name, environ.get(name), int, None)
+    if parallel is not None and parallel < 0:
+        raise ValueError(f"invalid {name} {parallel}: expected a whole number of requests, 1 or more")
+    return parallel or None
+
+
 @define(frozen=True, kw_only=True)
 class Settings:
     """What the daemon runs with (ENVIRONMENT says what each means); the defaults are those of a bare environment."""
@@ -129,6 +141,7 @@ class Settings:
     keep_alive: str = "5m"
     max_loaded_models: float = math.inf
     max_queue: int = 512
+    num_parallel: int | None = None  # None: chosen from memory at each load
     context_length: int | None = None
     load_timeout: float = 600.0
     runner_timeout: float = 120.0
@@ -152,6 +165,7 @@ class Settings:
             max_loaded_models=(_number("PLUGD_MAX_LOADED_MODELS", environ.get("PLUGD_MAX_LOADED_MODELS"), int, 0)
                                or default.max_loaded_models),
             max_queue=_number("PLUGD_MAX_QUEUE", environ.get("PLUGD_MAX_QUEUE"), int, default.max_queue),
+            num_parallel=_parallel(environ),
             context_length=_number("PLUGD_CONTEXT_LENGTH", environ.get("PLUGD_CONTEXT_LENGTH"), int,
                                    default.context_length),
             load_timeout=_number("PLUGD_LOAD_TIMEOUT", environ.get("PLUGD_LOAD_TIMEOUT"), float,

@@ -81,14 +81,16 @@ class Engine:
     """Generates completions on one model, several at once, reusing earlier completions' caches."""
 
     def __init__(self, model: nn.Module, tokenizer: Tokenizer, prefill_chunk: int = PREFILL_CHUNK,
-                 cache_policy: Callable[[nn.Module], RunnerCachePolicy] = single_slot):
+                 cache_policy: Callable[[nn.Module], RunnerCachePolicy] = single_slot, one_at_a_time: bool = False):
+        """`one_at_a_time`: a completion is submitted only once the one before has ended (the daemon sends one
+        at a time), so the one decoding needs no caches of its own: it decodes in the policy's."""
         self.model = model
         self.tokenizer = tokenizer
         self.prefill_chunk = prefill_chunk
         self.cache = cache_policy(model)
         # Only the output's shape is read: MLX builds the graph without computing it.
         self.logits_width: int = model(mx.zeros((1, 1), mx.int32), cache=model.make_cache()).shape[-1]
-        self.batch = Batch(model)
+        self.batch = Batch(model, alone=one_at_a_time)
         self._waiting: deque[Sequence] = deque()
         self._prefilling: tuple[Sequence, Iterator[None]] | None = None
         self._returned: tuple[list[Any], list[int]] | None = None  # a finished row's caches, for the policy
@@ -142,7 +144,7 @@ class Engine:
 
     def step(self) -> None:
         """One prefill chunk of the sequence whose turn it is, then one decode step of every decoding row."""
-        if self._prefilling is None:
+        if self._prefilling is None and not (self.batch.alone and self.batch.rows):
             self._start_prefill()
         if self._prefilling is not None:
             self._prefill_chunk(*self._prefilling)
@@ -162,7 +164,8 @@ class Engine:
         for waiting in [s for s in self._waiting if s.cancelled()]:
             self._waiting.remove(waiting)
             waiting.end(waiting.tally.done("cancel"))
-        self._prefilling = (sequence, prefill(self.model, self.cache, sequence, self.prefill_chunk))
+        chunks = prefill(self.model, self.cache, sequence, self.prefill_chunk, decode_in_place=self.batch.alone)
+        self._prefilling = (sequence, chunks)
         self._advance(*self._prefilling)
 
     def _prefill_chunk(self, sequence: Sequence, chunks: Iterator[None]) -> None:
@@ -211,6 +214,8 @@ class Engine:
         except Exception as exc:  # a forward pass failed: every row fails, and the batch's caches go
             for sequence in rows:
                 sequence.end(exc)
+            if self.batch.alone:  # they were the policy's
+                self.cache.reset()
             self.batch.clear()
         self._steps += 1
         if self._steps % RELEASE_BUFFERS_EVERY == 0:

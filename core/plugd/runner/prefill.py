@@ -13,18 +13,22 @@ from collections.abc import Iterator
 import mlx.core as mx
 import mlx.nn as nn
 
+from plugd.constants import DECODE_HEADROOM
 from plugd.protocol import PrefillEvent
 from plugd.runner.media import inside_run, media_runs
 from plugd.runner.sequence import Prompt, Sequence
 from plugd.runner_api import RunnerCachePolicy
 
 
-def prefill(model: nn.Module, policy: RunnerCachePolicy, sequence: Sequence, chunk: int) -> Iterator[None]:
-    """Evaluate the sequence's prompt into `policy`'s caches, yielding after each chunk (where the engine may
-    run other work or stop when the sequence is cancelled)."""
+def prefill(model: nn.Module, policy: RunnerCachePolicy, sequence: Sequence, chunk: int,
+            decode_in_place: bool = False) -> Iterator[None]:
+    """Evaluate the sequence's prompt into `policy`'s caches, yielding before each chunk (where the engine may
+    run other work, or stop when the sequence is cancelled). With `decode_in_place` the sequence goes on to
+    decode in these caches, so they are sized for a share of its output too."""
     prompt, tally = sequence.prompt, sequence.tally
     keys, runs = prompt.keys, media_runs(prompt.keys)
-    policy.reserve(sequence.request.num_ctx, len(keys))
+    output = min(max(sequence.budget, 0), DECODE_HEADROOM) if decode_in_place else 0
+    policy.reserve(sequence.request.num_ctx, len(keys) + output)
     start, end = policy.resume(keys), len(keys) - 1
     if inside_run(keys, start):  # no policy restores into an image, since none was ever cut; but be safe
         policy.reset()

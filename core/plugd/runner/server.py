@@ -76,8 +76,9 @@ class ModelHost:
             return Embedder(model, config.embedding, model_dir)
         budget = config.cache_budget
         log.info("cache policy %s%s", config.cache_policy, "" if budget is None else f", budget {budget} bytes")
-        return Engine(model, Tokenizer.from_dir(model_dir),
-                      cache_policy=lambda m: make_policy(config.cache_policy, m, budget))
+        log.info("%d completion(s) at once", config.num_parallel)
+        return Engine(model, Tokenizer.from_dir(model_dir), cache_policy=lambda m: make_policy(config.cache_policy, m,
+                      budget), one_at_a_time=config.num_parallel == 1)
 
     def memory(self) -> dict[str, int]:
         return {

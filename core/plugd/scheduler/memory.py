@@ -57,7 +57,12 @@ class CacheEstimate:
         text = config.get("text_config", config)
         return cls(architecture.cache_layers(text), text.get("vocab_size", 0), float_bytes)
 
-    def bytes(self, num_ctx: int) -> int:
+    def bytes(self, num_ctx: int, sequences: int = 1) -> int:
+        """For `sequences` decoding together: one alone decodes in the cache policy's live caches; several each
+        decode in a batch row of their own beside them (plugd.runner.generate), so 1 + `sequences` caches."""
+        return (1 if sequences == 1 else 1 + sequences) * self._one(num_ctx)
+
+    def _one(self, num_ctx: int) -> int:
         positions = -(-num_ctx // CACHE_STEP) * CACHE_STEP
         full = kept = 0
         for layer in self.layers:
@@ -75,6 +80,9 @@ class CacheEstimate:
 # The smallest context a request without num_ctx gets (a model with a smaller maximum gets its maximum), whatever
 # memory is left: a model whose caches do not fit even that is refused by the fit check, as one asking for it is.
 CONTEXT_FLOOR = 4096
+# The requests a runner decodes together when PLUGD_NUM_PARALLEL does not say, where memory allows (mlx_lm.server
+# decodes up to 32; a coding agent's subagents and side requests, or a few people on a chat front end, are fewer).
+DEFAULT_PARALLEL = 4
 
 
 def default_context(caches: CacheEstimate, room: float, maximum: int | None) -> int:

@@ -88,7 +88,11 @@ class Loaded:
     expires_at: float = math.inf  # time.time() when it unloads; inf while in use or kept for ever
     last_used: float = field(factory=time.monotonic)
     expiry: asyncio.TimerHandle | None = None
-    slot: asyncio.Lock = field(factory=asyncio.Lock)  # a runner generates for one request at a time
+    parallel: int = 1  # the requests its runner decodes together
+    slots: asyncio.Semaphore = field(default=None)
+
+    def __attrs_post_init__(self) -> None:
+        self.slots = asyncio.Semaphore(self.parallel)
 
 
 class Scheduler:
@@ -149,7 +153,8 @@ class Scheduler:
         `num_ctx` None asks for the model's default context (`_default_context`), sized when the model loads and
         the same for every such request while it stays loaded; the entry's `num_ctx` says which it is.
 
-        Requests waiting for a load or for the runner's slot count against PLUGD_MAX_QUEUE.
+        Up to the entry's `parallel` requests hold its runner at once (they decode together); those waiting for a
+        load or for one of its slots count against PLUGD_MAX_QUEUE.
         """
         if self.waiting >= self.max_queue:
             raise QueueFull(self.max_queue)
@@ -157,7 +162,7 @@ class Scheduler:
         entry = None
         try:
             entry = await self._ready(model, num_ctx)
-            await entry.slot.acquire()
+            await entry.slots.acquire()
         except BaseException:
             if entry is not None:
                 await self._shielded_release(entry, keep_alive)
@@ -167,7 +172,7 @@ class Scheduler:
         try:
             yield entry
         finally:
-            entry.slot.release()
+            entry.slots.release()
             await self._shielded_release(entry, keep_alive)
 
     def must_wait(self, digest: str, num_ctx: int | None) -> bool:
@@ -176,7 +181,7 @@ class Scheduler:
         entry = self.loaded.get(digest)
         if entry is None or not entry.runner.alive:
             return self.loading.locked()
-        return entry.slot.locked() if self._usable(digest, num_ctx) else entry.active > 0
+        return entry.slots.locked() if self._usable(digest, num_ctx) else entry.active > 0
 
     async def _shielded_release(self, entry: Loaded, keep_alive: float) -> None:
         """`_release`, carried through even when the request is being cancelled (its client gone): an unload it
@@ -209,7 +214,8 @@ class Scheduler:
                         continue
                     if stale is None:
                         context = num_ctx or self._default_context(model, weights)
-                        caches = self._caches(model).bytes(context)
+                        parallel = self._parallel(model, context, weights)
+                        caches = self._caches(model).bytes(context, parallel)
                         needed = weights + caches
                         if await self._make_room(model, needed):
                             break
@@ -220,9 +226,9 @@ class Scheduler:
                 cache_budget = self._cache_budget(needed)
             engines = {engine.name: engine.factory for engine in self.registry.items.get("plugd_grammar_engines", [])}
             config = RunnerConfig(model.require_architecture().module, self.cache_policy.factory, cache_budget,
-                                  engines, self.settings.log_level, embedding_layout(model))
+                                  engines, self.settings.log_level, embedding_layout(model), parallel)
             entry = Loaded(model=model, runner=self.runner_factory(model, config), num_ctx=context,
-                           size=needed, sized=num_ctx is None, cache_budget=cache_budget or 0,
+                           size=needed, sized=num_ctx is None, cache_budget=cache_budget or 0, parallel=parallel,
                            growth=caches + (cache_budget or 0))
             try:
                 await entry.runner.start()
@@ -236,6 +242,24 @@ class Scheduler:
                 self._hold(entry)
             asyncio.get_running_loop().create_task(self._watch(entry))
             return entry
+
+    def _parallel(self, model: ResolvedModel, context: int, weights: int) -> int:
+        """The requests the model's runner decodes together: PLUGD_NUM_PARALLEL (or OLLAMA_NUM_PARALLEL); else
+        as many as DEFAULT_PARALLEL whose caches at `context` fit in the memory left beside the models busy now,
+        and one where they do not (an embedding model: one, its requests are batched within)."""
+        if self.settings.num_parallel is not None:
+            return self.settings.num_parallel
+        if embedding_layout(model) is not None:
+            return 1
+        held, _ = self._memory()
+        bound = memory.budget(self.registry, held, self.device_limit)
+        if bound is None:
+            return memory.DEFAULT_PARALLEL
+        busy = sum(self._claim(entry)[1] for entry in self.loaded.values() if entry.active > 0)
+        policy = self.cache_policy.budget() if self.cache_policy.budget is not None else 0
+        caches = self._caches(model)
+        room = bound - busy - weights - policy
+        return next((n for n in range(memory.DEFAULT_PARALLEL, 1, -1) if caches.bytes(context, n) <= room), 1)
 
     def _caches(self, model: ResolvedModel) -> memory.CacheEstimate:
         return memory.CacheEstimate.of(model.require_architecture(), model.model_files.config, self.float_bytes)
