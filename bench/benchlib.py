@@ -200,10 +200,11 @@ def check_token_counts(engine: str, runs: list[dict[str, Any]], prompt_len: int,
 # ---- processes --------------------------------------------------------------------------------------------------------
 
 @contextmanager
-def plugd_server(models: Path, model_dir: Path, name: str) -> Iterator[LiveServer]:
-    """A `plugd serve` on a free port with `model_dir` imported as `name`; stops it and its runners afterwards."""
+def plugd_server(models: Path, model_dir: Path, name: str, env: dict[str, str] | None = None) -> Iterator[LiveServer]:
+    """A `plugd serve` on a free port (`env` added to its environment) with `model_dir` imported as `name`; stops it
+    and its runners afterwards."""
     models.mkdir(parents=True, exist_ok=True)
-    server = LiveServer(models, env={"PLUGD_KEEP_ALIVE": "-1", "PLUGD_LOG_LEVEL": "WARNING"}, timeout=60)
+    server = LiveServer(models, env={"PLUGD_KEEP_ALIVE": "-1", "PLUGD_LOG_LEVEL": "WARNING"} | (env or {}), timeout=60)
     runners: set[int] = set()
     try:
         server.cli("create", name, "--from", str(model_dir), check=True)

@@ -33,6 +33,14 @@ QUICK = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "n
 TARGETS = {"mlx-lm in-process": 0.95, "mlx_lm.server": 1.0}
 
 
+def write_model(model_dir: Path, quick: bool, vocab: str, num_ctx: int) -> None:
+    """This benchmark's checkpoint (QUICK or FULL) for contexts up to `num_ctx`, described on stdout."""
+    shape = (QUICK if quick else FULL) | {"max_position_embeddings": max(4096, num_ctx)}
+    info = bl.write_bench_checkpoint(model_dir, "qwen3", shape, vocab)
+    print(f"model: {bl.describe(info['config'], vocab)}: {info['params'] / 1e6:.1f}M parameters, "
+          f"{bl.mib(info['weight_bytes'])} of weights")
+
+
 def run_plugd(server, prompt: str, tokens: int, num_ctx: int) -> dict[str, Any]:
     options = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": tokens, "num_ctx": num_ctx}
     final = bl.plugd_generate(server.url, "bench", prompt, options)
@@ -99,10 +107,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="plugd-bench-") as tmp, ExitStack() as stack:
         model_dir = Path(tmp) / "model"
         num_ctx = prompt_len + tokens + 16
-        shape = (QUICK if args.quick else FULL) | {"max_position_embeddings": max(4096, num_ctx)}
-        info = bl.write_bench_checkpoint(model_dir, "qwen3", shape, args.vocab)
-        print(f"model: {bl.describe(info['config'], args.vocab)}: {info['params'] / 1e6:.1f}M parameters, "
-              f"{bl.mib(info['weight_bytes'])} of weights")
+        write_model(model_dir, args.quick, args.vocab, num_ctx)
         print(f"run: prompt {prompt_len} tokens, {tokens} generated tokens, temperature 0, 1 warm-up + {reps} repetitions")
         prompts = bl.make_prompts(model_dir, reps + 1, prompt_len)
 

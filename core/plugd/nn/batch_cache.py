@@ -25,7 +25,22 @@ def _steps(positions: int, step: int) -> int:
     return -(-positions // step) * step
 
 
-class BatchKVCache:
+class _Rows:
+    """What every batch cache keeps per row: the positions it has seen."""
+
+    offsets: list[int]
+
+    @property
+    def offset(self) -> mx.array:
+        """Each row's offset, (rows,): the position its next token takes (what RoPE is given)."""
+        return mx.array(self.offsets, mx.int32)
+
+    @property
+    def rows(self) -> int:
+        return len(self.offsets)
+
+
+class BatchKVCache(_Rows):
     """Keys and values of several rows, (rows, kv_heads, columns, head_dim), right-aligned at column `end - 1`.
 
     Row r's positions occupy columns `pads[r]` .. `end - 1`. With a `window` (a sliding-window layer), only
@@ -41,14 +56,6 @@ class BatchKVCache:
         self.pads: list[int] = []
         self.offsets: list[int] = []
         self.limits: list[int] = []
-
-    @property
-    def offset(self) -> mx.array:
-        return mx.array(self.offsets, mx.int32)
-
-    @property
-    def rows(self) -> int:
-        return len(self.offsets)
 
     def extend(self, caches: Sequence[Any], limits: Sequence[int]) -> None:
         """Add a row continuing each of `caches` (KVCache or RotatingKVCache), which may each reach `limits`."""
@@ -204,7 +211,7 @@ class BatchKVCache:
         self.end = keep
 
 
-class BatchRecurrentCache:
+class BatchRecurrentCache(_Rows):
     """The short-convolution windows, (rows, kernel - 1, channels), and recurrent states of several rows.
 
     A row that has seen nothing yet holds zeros, which is what a recurrent layer starts from.
@@ -214,14 +221,6 @@ class BatchRecurrentCache:
         self.conv: mx.array | None = None
         self.recurrent: mx.array | None = None
         self.offsets: list[int] = []
-
-    @property
-    def offset(self) -> mx.array:
-        return mx.array(self.offsets, mx.int32)
-
-    @property
-    def rows(self) -> int:
-        return len(self.offsets)
 
     def advance(self, conv: mx.array, recurrent: mx.array, positions: int) -> None:
         self.conv, self.recurrent = conv, recurrent
