@@ -27,7 +27,8 @@ BENCH = Path(__file__).parents[1] / "bench"
         ("fitting.py --baseline HEAD", [r"ratio TTFT long chat old/new", r"ratio TTFT 200-message fit old/new"]),
         ("embeddings.py", [r"ratio throughput plugd/sentence-transformers", r"lowest cosine plugd/sentence-transformers"]),
         ("concurrency.py", [r"ratio aggregate decode at 4 streams plugd/plugd single stream",
-                            r"ratio aggregate decode at 4 streams plugd/mlx_lm.server", r"ratio TTFT p99 at 4 streams"]),
+                            r"ratio aggregate decode at 4 streams plugd/mlx_lm.server",
+                            r"ratio TTFT p99 at 4 streams plugd/mlx_lm.server"]),
     ],
 )
 def test_bench_quick(script, ratios):

@@ -279,7 +279,8 @@ def test_chat_drops_oldest_turns_to_fit_num_ctx(client):
 
 
 def test_queue_limit_and_max_loaded_models(tmp_path, tiny_long_context):
-    server = LiveServer(tmp_path / "models", env={"PLUGD_MAX_QUEUE": "1", "PLUGD_MAX_LOADED_MODELS": "1"})
+    server = LiveServer(tmp_path / "models", env={"PLUGD_MAX_QUEUE": "1", "PLUGD_MAX_LOADED_MODELS": "1",
+                                                  "PLUGD_NUM_PARALLEL": "1"})
     try:
         client = create(server, "a", tiny_long_context)
         create(server, "b", write_checkpoint(tmp_path / "other", "qwen3", seed=1))

@@ -47,7 +47,9 @@ def start(plugd_server_factory, checkpoints, tmp_path):
     site = write_distribution(tmp_path / "site", "fixed-free", {"fixed_free": FIXED_FREE}, {"fixed-free": "fixed_free"})
 
     def started(env: dict[str, str]) -> tuple[LiveServer, ollama.Client]:
-        server = plugd_server_factory(env={"PYTHONPATH": str(site), "TEST_FREE": str(48 << 20)} | env)
+        # One request per runner: the caches these fits count are those of one sequence.
+        server = plugd_server_factory(env={"PYTHONPATH": str(site), "TEST_FREE": str(48 << 20), "PLUGD_NUM_PARALLEL": "1"}
+                                      | env)
         client = ollama.Client(host=server.url)
         for name, checkpoint in checkpoints.items():
             client.create(model=name, files={p.name: client.create_blob(p) for p in sorted(checkpoint.iterdir())})
