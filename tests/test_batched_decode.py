@@ -76,7 +76,7 @@ class Trained:
 
     def grammar(self) -> Callable:
         """A structured request's TokenMask factory: any JSON object."""
-        return self.grammars.compile(GrammarSpec("xgrammar", "json", None)).result()
+        return self.grammars.compile(GrammarSpec(("xgrammar",), "json", None)).result()
 
 
 @pytest.fixture(scope="module", params=sorted(OVERRIDES))

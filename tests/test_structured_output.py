@@ -1,10 +1,11 @@
-"""Structured output is enforced token by token (plugd-xgrammar), or refused with a clear error: never ignored.
+"""Structured output is enforced token by token (plugd-llguidance, plugd-xgrammar), or refused with a clear error:
+never ignored.
 
-One live daemon and one model serve every request here. The model is a tiny random-weight qwen3 that leans
-towards JSON's closing punctuation (see `json_leaning_checkpoint`): a plain random model fills strings and
-numbers for thousands of tokens, while this one closes them within a few, and its eagerness to close
-(`}` before the required keys, `"` before minLength) is exactly what the grammar has to overrule. Without a
-format its output is not JSON at all (checked below).
+One live daemon and one model serve every request here (and a daemon per engine for the reference set). The
+model is a tiny random-weight qwen3 that leans towards JSON's closing punctuation (see `json_leaning_checkpoint`):
+a plain random model fills strings and numbers for thousands of tokens, while this one closes them within a few,
+and its eagerness to close (`}` before the required keys, `"` before minLength) is exactly what the grammar has
+to overrule. Without a format its output is not JSON at all (checked below).
 """
 
 from __future__ import annotations
@@ -42,14 +43,27 @@ def checkpoint(tmp_path_factory) -> Path:
     return json_leaning_checkpoint(tmp_path_factory.mktemp("structured") / "model")
 
 
-@pytest.fixture(scope="module")
-def server(checkpoint):
-    server = LiveServer(checkpoint.parent / "models")
+def serving(checkpoint: Path, models: Path, env: dict[str, str] | None = None):
+    server = LiveServer(models, env=env)
     try:
         server.cli("create", MODEL, "--from", str(checkpoint), check=True)
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint):
+    """Every installed engine, in the default order."""
+    yield from serving(checkpoint, checkpoint.parent / "models")
+
+
+@pytest.fixture(scope="module", params=["every engine", "llguidance", "xgrammar"])
+def engine_server(request, checkpoint, server, tmp_path_factory):
+    if request.param == "every engine":
+        yield server
+    else:
+        yield from serving(checkpoint, tmp_path_factory.mktemp(request.param), {"PLUGD_GRAMMAR_ENGINES": request.param})
 
 
 def generate(server: LiveServer, **body) -> httpx.Response:
@@ -69,12 +83,12 @@ def validate(schema: dict, text: str) -> str | None:
     return None if error is None else error.message
 
 
-def test_every_reference_schema_is_enforced_or_refused(server):
+def test_every_reference_schema_is_enforced_or_refused(engine_server):
     outcomes: Counter[str] = Counter()
     failures, refusals = [], []
     for path in SCHEMAS:
         schema = json.loads(path.read_text())
-        response = generate(server, format=schema)
+        response = generate(engine_server, format=schema)
         body = response.json()
         if response.status_code == 400 and "JSON schema" in body.get("error", ""):
             outcomes["refused"] += 1
@@ -164,6 +178,32 @@ def test_official_client_format_json_and_schema(server):
     assert refused.value.status_code == 400 and "'not'" in refused.value.error
 
 
+ONLY_XGRAMMAR = {"type": "string", "format": "uri-reference"}  # a format llguidance does not know
+ONLY_LLGUIDANCE = {"type": "string", "pattern": "^a+$", "minLength": 2}  # xgrammar drops the length beside a pattern
+NEITHER = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+
+
+def test_the_first_engine_that_can_enforce_a_schema_serves_it(server):
+    for schema in (ONLY_XGRAMMAR, ONLY_LLGUIDANCE):
+        response = generate(server, format=schema)
+        assert response.status_code == 200, response.text
+        assert validate(schema, response.json()["response"]) is None
+    refused = generate(server, format=NEITHER)
+    assert refused.status_code == 400
+    assert refused.json() == {"error": "llguidance cannot enforce this JSON schema: 'uniqueItems' at /; and xgrammar "
+                                       "cannot enforce this JSON schema: 'uniqueItems' at /"}
+
+
+def test_an_engine_left_out_of_the_order_serves_nothing(checkpoint, tmp_path):
+    for server in serving(checkpoint, tmp_path / "xgrammar", {"PLUGD_GRAMMAR_ENGINES": "xgrammar"}):
+        refused = generate(server, format=ONLY_LLGUIDANCE)
+        assert refused.status_code == 400 and refused.json()["error"].startswith("xgrammar cannot enforce")
+    for server in serving(checkpoint, tmp_path / "outlines", {"PLUGD_GRAMMAR_ENGINES": "outlines"}):
+        refused = generate(server, format="json")
+        assert refused.status_code == 400
+        assert "none of PLUGD_GRAMMAR_ENGINES (outlines) is installed" in refused.json()["error"]
+
+
 def test_the_runner_refuses_before_any_output_and_stays_usable(checkpoint):
     body = Completion(tokens=Tokenizer.from_dir(checkpoint).encode("Answer in JSON."),
                       sampling=SamplingParams(temperature=0.0), num_predict=64, num_ctx=512)
@@ -174,9 +214,9 @@ def test_the_runner_refuses_before_any_output_and_stays_usable(checkpoint):
         runner = RunnerProcess({p.name: p for p in checkpoint.iterdir() if p.is_file()}, config)
         try:
             await runner.start()
-            unenforceable = GrammarSpec("xgrammar", "json_schema", {"type": "array", "uniqueItems": True})
+            unenforceable = GrammarSpec(("xgrammar",), "json_schema", {"type": "array", "uniqueItems": True})
             refused = await runner.http.post("/completion", json=unstructure(attrs.evolve(body, grammar=unenforceable)))
-            todo = attrs.evolve(body, grammar=GrammarSpec("xgrammar", "json_schema", TODO))
+            todo = attrs.evolve(body, grammar=GrammarSpec(("xgrammar",), "json_schema", TODO))
             events = [event async for event in runner.completion(todo)]
             return refused, events
         finally:
@@ -191,7 +231,7 @@ def test_the_runner_refuses_before_any_output_and_stays_usable(checkpoint):
 
 
 def test_without_an_engine_plain_inference_works_and_format_is_refused(checkpoint, tmp_path):
-    others = [p.name for p in plugins.load().plugins if not p.builtin and p.name != "xgrammar"]
+    others = [p.name for p in plugins.load().plugins if not p.builtin and p.name not in ("llguidance", "xgrammar")]
     bare = LiveServer(tmp_path / "models", env={"PLUGD_PLUGINS": ",".join(others)})  # a store of its own: one daemon each
     try:
         bare.cli("create", MODEL, "--from", str(checkpoint), check=True)
@@ -205,10 +245,11 @@ def test_without_an_engine_plain_inference_works_and_format_is_refused(checkpoin
         bare.stop()
 
 
-def test_plugins_lists_the_engine(server):
+def test_plugins_lists_the_engines(server):
     listing = server.cli("plugins", check=True).stdout
-    line = next(line for line in listing.splitlines() if line.startswith("xgrammar "))
-    assert "grammar_engines" in line and "ok" in line
+    for name in ("llguidance", "xgrammar"):
+        line = next(line for line in listing.splitlines() if line.startswith(f"{name} "))
+        assert "grammar_engines" in line and "ok" in line
 
 
 class _Recorder:
@@ -240,9 +281,11 @@ def test_a_grammar_with_after_waits_for_the_marker_and_never_lets_the_output_end
 
 
 def test_grammar_specs_are_checked():
-    spec = structure({"engine": "xgrammar", "kind": "json_schema", "format": TODO, "after": "</think>"}, GrammarSpec)
+    spec = structure({"engines": ["llguidance", "xgrammar"], "kind": "json_schema", "format": TODO, "after": "</think>"},
+                     GrammarSpec)
     spec.check()
-    assert spec.after == "</think>" and spec.format == TODO
-    for bad in (GrammarSpec("xgrammar", "yaml", None), GrammarSpec("xgrammar", "json", None, after="")):
+    assert spec.engines == ("llguidance", "xgrammar") and spec.after == "</think>" and spec.format == TODO
+    for bad in (GrammarSpec(("xgrammar",), "yaml", None), GrammarSpec(("xgrammar",), "json", None, after=""),
+                GrammarSpec((), "json", None)):
         with pytest.raises(ValueError):
             bad.check()

@@ -74,9 +74,9 @@ class SamplingParams:
 
 @frozen
 class GrammarSpec:
-    """A completion body's "grammar": which engine, what to enforce, and from which text on."""
+    """A completion body's "grammar": which engines may enforce it, what to enforce, and from which text on."""
 
-    engine: str  # a GrammarEngine's name, its factory in the RunnerConfig
+    engines: tuple[str, ...]  # GrammarEngines' names, tried in this order; their factories are in the RunnerConfig
     kind: str
     format: Any
     after: str | None = None  # enforce only once the output contains this text (the end of a thinking block)
@@ -85,6 +85,8 @@ class GrammarSpec:
         """GrammarRefused when the spec cannot be followed: the runner refuses it before any output."""
         if self.kind not in GRAMMAR_KINDS:
             raise GrammarRefused(f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, not {self.kind!r}")
+        if not self.engines:
+            raise GrammarRefused("grammar 'engines' must name at least one engine")
         if self.after is not None and not self.after:
             raise GrammarRefused("grammar 'after' must be a non-empty string")
 

@@ -45,6 +45,9 @@ ENVIRONMENT = (
              "registry credentials (Docker config.json format)"),
     Variable("PLUGD_CA_BUNDLE", "SSL_CERT_FILE, else certifi's", "CA certificates trusted for registry https"),
     Variable("PLUGD_CACHE_POLICY", "prefix-cache when installed, else single-slot", "the runner's prompt-cache policy"),
+    Variable("PLUGD_GRAMMAR_ENGINES", "every installed engine, by name (llguidance, then xgrammar)",
+             "comma-separated grammar engines for structured output, tried in this order: the first that can "
+             "enforce a request's format exactly serves it"),
     Variable("PLUGD_CLIENT_RENDERERS", "unset", "client renderer plugins to enable, e.g. claude-code"),
     Variable("PLUGD_KEEP_ALIVE", "5m",
              "how long an idle model stays loaded; 0 unloads after each request, negative keeps it"),
@@ -148,6 +151,7 @@ class Settings:
     log_level: str = "INFO"
     origins: tuple[str, ...] = ()
     cache_policy: str | None = None
+    grammar_engines: tuple[str, ...] | None = None  # None: every installed engine
     client_renderers: tuple[str, ...] = ()
     plugins: tuple[str, ...] | None = None  # the plugins to load; None: all
     trace_plugins: tuple[str, ...] = ()  # those whose hook calls are logged; TRACE_ALL: every one
@@ -175,6 +179,7 @@ class Settings:
             log_level=(environ.get("PLUGD_LOG_LEVEL") or default.log_level).upper(),
             origins=_names(environ.get("PLUGD_ORIGINS")),
             cache_policy=environ.get("PLUGD_CACHE_POLICY") or default.cache_policy,
+            grammar_engines=_names(environ["PLUGD_GRAMMAR_ENGINES"]) if environ.get("PLUGD_GRAMMAR_ENGINES") else None,
             client_renderers=_names(environ.get("PLUGD_CLIENT_RENDERERS")),
             plugins=None if environ.get("PLUGD_PLUGINS") is None else _names(environ["PLUGD_PLUGINS"]),
             trace_plugins=_traced(environ.get("PLUGD_TRACE_PLUGINS", "")),

@@ -22,8 +22,10 @@ class Structured:
     forced_call: ForcedCall | None = None
 
 
-def grammar_engine(registry: Registry, request: ChatRequest) -> GrammarEngine | None:
-    """The engine that will enforce this request (None for free text); refused before any model loads."""
+def grammar_engines(registry: Registry, request: ChatRequest, order: tuple[str, ...] | None = None
+                    ) -> list[GrammarEngine]:
+    """The engines that may enforce this request, in the order they are tried (`order` names them; None: every
+    installed one, by name); none for free text. Refused before any model loads."""
     forced = request.tool_choice.mode in ("required", "named")
     if forced:
         if not request.tools:
@@ -32,18 +34,23 @@ def grammar_engine(registry: Registry, request: ChatRequest) -> GrammarEngine | 
             raise InvalidRequest(f"tool_choice names {request.tool_choice.name!r}, which is not among the tools")
     structured = request.format not in (None, "")
     if not structured and not forced:
-        return None
+        return []
     wants = "structured output (format)" if structured else f"tool_choice {request.tool_choice.mode!r}"
     if structured and forced:
         raise InvalidRequest("a format and a forced tool call cannot be combined")
-    engines = registry.items.get("plugd_grammar_engines", [])
+    installed = {engine.name: engine for engine in registry.items.get("plugd_grammar_engines", [])}
+    if not installed:
+        raise InvalidRequest(f"{wants} is not enforced by any installed plugin; install plugd-llguidance or "
+                             f"plugd-xgrammar")
+    engines = [installed[name] for name in (sorted(installed) if order is None else order) if name in installed]
     if not engines:
-        raise InvalidRequest(f"{wants} is not enforced by any installed plugin; install plugd-xgrammar")
+        raise InvalidRequest(f"{wants} needs a grammar engine, and none of PLUGD_GRAMMAR_ENGINES "
+                             f"({', '.join(order)}) is installed; installed: {', '.join(installed)}")
     kind = _kind(request)
-    engine = next((e for e in engines if kind in e.formats), None)
-    if engine is None:
-        raise InvalidRequest(f"no installed grammar engine enforces {kind} formats")
-    return engine
+    engines = [engine for engine in engines if kind in engine.formats]
+    if not engines:
+        raise InvalidRequest(f"no grammar engine in use enforces {kind} formats")
+    return engines
 
 
 def _kind(request: ChatRequest) -> str:
@@ -54,8 +61,9 @@ def _kind(request: ChatRequest) -> str:
     raise InvalidRequest(f'format must be "json" or a JSON Schema object, not {request.format!r}')
 
 
-def structured(engine: GrammarEngine, request: ChatRequest, parser: Parser | None, prompt: str) -> Structured:
+def structured(engines: list[GrammarEngine], request: ChatRequest, parser: Parser | None, prompt: str) -> Structured:
     """The grammar for `request`, whose rendered prompt is `prompt`, read back by the model's `parser`."""
+    names = tuple(engine.name for engine in engines)
     if request.tool_choice.mode in ("required", "named"):
         if parser is None or parser.forced_call is None:
             which = f"its parser {parser.name!r}" if parser else "it has no output parser"
@@ -63,6 +71,6 @@ def structured(engine: GrammarEngine, request: ChatRequest, parser: Parser | Non
                                  f"{which} cannot force a tool call")
         tools = [t for t in request.tools if request.tool_choice.name in (None, t.name)]
         forced = parser.forced_call(tools)
-        return Structured(GrammarSpec(engine.name, "json_schema", dict(forced.schema)), forced)
+        return Structured(GrammarSpec(names, "json_schema", dict(forced.schema)), forced)
     after = parser.answer_after(prompt) if parser is not None and parser.answer_after is not None else None
-    return Structured(GrammarSpec(engine.name, _kind(request), request.format, after))
+    return Structured(GrammarSpec(names, _kind(request), request.format, after))

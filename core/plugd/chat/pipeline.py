@@ -16,7 +16,7 @@ from attrs import define
 
 from plugd.builtins.jinja_renderer import FALLBACK_RENDERER
 from plugd.chat.fitting import Fitted, fitted
-from plugd.chat.grammar import grammar_engine, structured
+from plugd.chat.grammar import grammar_engines, structured
 from plugd.chat.media_prep import MediaPreparer
 from plugd.chat.models import ResolvedModel, resolve
 from plugd.chat.options import completion, resolve_options
@@ -229,7 +229,7 @@ def _media_preparer(services: Services, model: ResolvedModel) -> MediaPreparer:
 
 async def render_only(services: Services, request: ChatRequest) -> Prompt:
     """The prompt `request` would be given, without loading the model (and without fitting it to num_ctx)."""
-    grammar_engine(services.registry, request)
+    grammar_engines(services.registry, request, services.settings.grammar_engines)
     return await _whole_prompt(services, (await _prepared(services, request)).model, request)
 
 
@@ -254,7 +254,7 @@ async def run(services: Services, request: ChatRequest,
     can open, and keep its client's idle timeout from firing, before the first token. Without, only Deltas and
     the Final."""
     started = time.perf_counter_ns()
-    engine = grammar_engine(services.registry, request)
+    engines = grammar_engines(services.registry, request, services.settings.grammar_engines)
     prepared = await _prepared(services, request)
     model, options, keep_alive = prepared.model, prepared.options, prepared.keep_alive
     load_only = not request.messages and not request.raw_prompt
@@ -287,8 +287,8 @@ async def run(services: Services, request: ChatRequest,
             parser = _FirstCallOnly(parser)
         body = completion(options, request.logprobs, request.top_logprobs, request.truncates)
         forced = None
-        if engine is not None:
-            plan = structured(engine, request, parser_kind, prompt)
+        if engines:
+            plan = structured(engines, request, parser_kind, prompt)
             body.grammar, forced = plan.grammar, plan.forced_call
         if forced is not None:  # the call is opened in the prompt; the parser reads it as the model's own
             _parsed(lambda: parser.feed(forced.prefix))

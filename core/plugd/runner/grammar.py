@@ -36,15 +36,27 @@ class Grammars:
         return self._worker.submit(self._compile, spec)
 
     def _compile(self, spec: GrammarSpec) -> TokenMaskFactory:
+        """The first of the spec's engines that can enforce its format exactly compiles it; when none can, the
+        refusal gives each engine's reasons."""
         if self._built is None:
             self._built = self._vocabulary()
-        compiler = self._compilers.get(spec.engine)
+        refusals = []
+        for name in spec.engines:
+            try:
+                compiled = self._compiler(name).compile(spec.kind, spec.format)
+            except GrammarRefused as refusal:
+                refusals.append(str(refusal))
+                continue
+            return TokenMaskFactory(compiled, self._built.width, self._built.stop_ids, spec.after)
+        raise GrammarRefused("; and ".join(refusals))
+
+    def _compiler(self, engine: str) -> Compiler:
+        compiler = self._compilers.get(engine)
         if compiler is None:
-            if spec.engine not in self._engines:
-                raise GrammarRefused(f"grammar engine {spec.engine!r} is not installed")
-            compiler = self._compilers[spec.engine] = _load_factory(self._engines[spec.engine])(self._built)
-        compiled = compiler.compile(spec.kind, spec.format)
-        return TokenMaskFactory(compiled, self._built.width, self._built.stop_ids, spec.after)
+            if engine not in self._engines:
+                raise GrammarRefused(f"grammar engine {engine!r} is not installed")
+            compiler = self._compilers[engine] = _load_factory(self._engines[engine])(self._built)
+        return compiler
 
 
 def _load_factory(path: str) -> Callable[[GrammarVocabulary], Compiler]:

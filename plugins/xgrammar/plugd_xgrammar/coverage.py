@@ -10,20 +10,15 @@ format) is caught from its warnings instead (see `native_log`).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
+
+from plugd.json_schema import STANDARD_FORMATS, subschemas
 
 # Keywords xgrammar ignores without a word, whatever their value (False: unless the value is a no-op).
 IGNORED = {"not": None, "contains": None, "minContains": None, "maxContains": None, "dependencies": None,
            "dependentRequired": None, "dependentSchemas": None, "then": None, "else": None,
            "uniqueItems": False, "unevaluatedProperties": True}
-# The formats JSON Schema itself defines (draft 2020-12). Any other format name is an annotation that no
-# validator can check, and is accepted as one.
-STANDARD_FORMATS = frozenset({
-    "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname", "ipv4", "ipv6",
-    "uri", "uri-reference", "iri", "iri-reference", "uuid", "uri-template", "json-pointer",
-    "relative-json-pointer", "regex",
-})
 # Drafts in which keywords beside a $ref are ignored (by the specification, so by xgrammar rightly).
 _REF_OVERRIDES_SIBLINGS = re.compile(r"json-schema\.org/(draft-0[3-7]/)")
 _VALIDATION = frozenset({
@@ -33,11 +28,6 @@ _VALIDATION = frozenset({
     "minLength", "maxLength", "pattern", "format", "allOf", "anyOf", "oneOf", "not", "if", "then", "else",
     "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties", "unevaluatedItems",
 })
-# Keywords whose value is a schema, a list of schemas, or a map of names to schemas.
-_ONE_SCHEMA = ("items", "additionalItems", "additionalProperties", "propertyNames", "contains", "not", "if", "then",
-               "else", "unevaluatedItems", "unevaluatedProperties")
-_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
-_SCHEMA_MAPS = ("properties", "patternProperties", "definitions", "$defs", "dependentSchemas", "dependencies")
 
 
 def unenforced_features(schema: Any, format_enforced: Callable[[str], bool]) -> list[str]:
@@ -92,25 +82,3 @@ def _matches(pattern: str, name: str) -> bool:
         return re.search(pattern, name) is not None
     except re.error:
         return True  # a pattern Python cannot read might match: assume it does
-
-
-def subschemas(node: Any, pointer: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Every schema object in `node`, with its JSON pointer; data (enum, const, default, examples) is skipped."""
-    if not isinstance(node, dict):
-        return
-    yield pointer, node
-    for keyword in _ONE_SCHEMA:
-        if isinstance(node.get(keyword), dict):
-            yield from subschemas(node[keyword], f"{pointer}/{keyword}")
-    for keyword in _SCHEMA_LISTS:
-        if isinstance(node.get(keyword), list):
-            for i, item in enumerate(node[keyword]):
-                yield from subschemas(item, f"{pointer}/{keyword}/{i}")
-    for keyword in _SCHEMA_MAPS:
-        if isinstance(node.get(keyword), dict):
-            for name, item in node[keyword].items():
-                yield from subschemas(item, f"{pointer}/{keyword}/{_escape(name)}")
-
-
-def _escape(name: str) -> str:
-    return name.replace("~", "~0").replace("/", "~1")

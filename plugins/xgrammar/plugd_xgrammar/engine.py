@@ -6,7 +6,7 @@ Choices, for every schema alike:
 - JSON is written compactly (no free whitespace: a model cannot stall in blank space), separators ", " / ": ".
 - A schema means what JSON Schema says: properties it does not close may appear, arrays without `items` take
   any items (xgrammar's "strict mode", which would forbid both, is off). `format: "json"` is any JSON object.
-- Dates and times are real ones (see `formats`), not just digits in the right places.
+- Dates and times are real ones (see `plugd.json_schema`), not just digits in the right places.
 - A schema feature xgrammar would not enforce (see `coverage`, and the warnings it logs) refuses the request.
 """
 
@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import xgrammar as xgr
 
+from plugd.json_schema import with_exact_formats
 from plugd.runner_api import GrammarRefused, GrammarVocabulary
 from plugd_xgrammar.coverage import unenforced_features
-from plugd_xgrammar.formats import with_exact_formats
 from plugd_xgrammar.native_log import native_message, with_native_warnings
 
 ANY_JSON_OBJECT = {"type": "object"}

@@ -1,0 +1,77 @@
+"""JSON Schemas as the grammar engines take them: every schema object a schema holds, with its JSON pointer; and
+exact patterns for the date and time formats.
+
+Engines' own `date`, `date-time` and `time` grammars (xgrammar's, llguidance's) check only the digits' shapes:
+they let a model write 2023-02-31, year 0000 or second 60. `with_exact_formats` swaps those formats for
+patterns that allow only real calendar dates (month lengths, leap years), years 0001-9999 and seconds 00-59:
+every string they allow is a valid RFC 3339 date or time, which is what the schema asks for.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+# The formats JSON Schema itself defines (draft 2020-12). Any other format name is an annotation that no
+# validator can check, and is accepted as one.
+STANDARD_FORMATS = frozenset({
+    "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname", "ipv4", "ipv6",
+    "uri", "uri-reference", "iri", "iri-reference", "uuid", "uri-template", "json-pointer",
+    "relative-json-pointer", "regex",
+})
+# Keywords whose value is a schema, a list of schemas, or a map of names to schemas.
+_ONE_SCHEMA = ("items", "additionalItems", "additionalProperties", "propertyNames", "contains", "not", "if", "then",
+               "else", "unevaluatedItems", "unevaluatedProperties")
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_SCHEMA_MAPS = ("properties", "patternProperties", "definitions", "$defs", "dependentSchemas", "dependencies")
+
+
+def subschemas(node: Any, pointer: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every schema object in `node`, with its JSON pointer; data (enum, const, default, examples) is skipped."""
+    if not isinstance(node, dict):
+        return
+    yield pointer, node
+    for keyword in _ONE_SCHEMA:
+        if isinstance(node.get(keyword), dict):
+            yield from subschemas(node[keyword], f"{pointer}/{keyword}")
+    for keyword in _SCHEMA_LISTS:
+        if isinstance(node.get(keyword), list):
+            for i, item in enumerate(node[keyword]):
+                yield from subschemas(item, f"{pointer}/{keyword}/{i}")
+    for keyword in _SCHEMA_MAPS:
+        if isinstance(node.get(keyword), dict):
+            for name, item in node[keyword].items():
+                yield from subschemas(item, f"{pointer}/{keyword}/{escape(name)}")
+
+
+def escape(name: str) -> str:
+    """`name` as one JSON pointer segment."""
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+_YEAR = "(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])"
+_MONTH_DAY = ("(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+              "|02-(?:0[1-9]|1[0-9]|2[0-8]))")
+_LEAP_DAY = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)-02-29"
+_DATE = f"(?:{_YEAR}-{_MONTH_DAY}|{_LEAP_DAY})"
+_TIME = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+PATTERNS = {"date": f"^{_DATE}$", "time": f"^{_TIME}$", "date-time": f"^{_DATE}T{_TIME}$"}
+
+
+def without_annotations(schema: Any) -> Any:
+    """A copy of `schema` without the formats JSON Schema does not define, which are annotations only."""
+    schema = copy.deepcopy(schema)
+    for _, node in subschemas(schema):
+        if isinstance(node.get("format"), str) and node["format"] not in STANDARD_FORMATS:
+            del node["format"]
+    return schema
+
+
+def with_exact_formats(schema: Any) -> Any:
+    """A copy of `schema` in which every date, date-time and time format is the pattern above."""
+    schema = copy.deepcopy(schema)
+    for _, node in subschemas(schema, ""):
+        if node.get("format") in PATTERNS and "pattern" not in node:
+            node["pattern"] = PATTERNS[node.pop("format")]
+    return schema
