@@ -32,6 +32,7 @@ from plugd.protocol import (
 )
 from plugd.runner.errors import CHECKPOINT_REFUSED
 from plugd.scheduler.memory import resident_bytes
+from plugd.scheduler.runner_transport import RunnerTransport
 from plugd.scratch import scratch_prefix
 from plugd.types import structure, unstructure
 
@@ -101,7 +102,7 @@ class RunnerProcess:
         self.closing = False
         self._lock = asyncio.Lock()
         self.http = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(uds=str(self.socket)), base_url="http://runner",
+            transport=RunnerTransport(str(self.socket)), base_url="http://runner",
             timeout=httpx.Timeout(30.0, read=progress_timeout),
         )
 
