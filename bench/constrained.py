@@ -1,5 +1,5 @@
-"""Structured output's cost: constrained vs free decode, time to first token with a cold vs a cached schema, and
-the compile time of every reference JSON schema, in one run.
+"""Structured output's cost, for each grammar engine: constrained vs free decode, time to first token with a cold vs
+a cached schema, and the compile time of every reference JSON schema, in one run.
 
     .venv/bin/python bench/constrained.py            # bench/decode.py's ~150M-parameter Qwen3, 128 tokens, 5 reps
     .venv/bin/python bench/constrained.py --quick    # a tiny model, a few tokens, one repetition (the smoke test)
@@ -13,16 +13,17 @@ the engine and reads the vocabulary); a schema the runner has not seen; a schema
 Compilation runs while the prompt is prefilled, so it shows only where it takes longer than the prefill.
 (c) Compile time per schema of tests/reference/json_schemas, in this process on the bench checkpoint's
 vocabulary (compiled and refused ones apart): median and max.
+Each engine (plugd-llguidance, plugd-xgrammar) gets a daemon of its own (PLUGD_GRAMMAR_ENGINES names it alone).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,9 @@ from plugd.tokenizer import Tokenizer
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "tests/reference/json_schemas"
 DECODE_TARGET = 0.95
+# Each engine's compiler, imported only when its figures are taken (xgrammar imports torch).
+ENGINES = {"llguidance": ("plugd_llguidance.engine", "LLGuidanceEngine"),
+           "xgrammar": ("plugd_xgrammar.engine", "XGrammarEngine")}
 
 
 def rows_schema(field: str = "name") -> dict[str, Any]:
@@ -60,7 +64,7 @@ def stream(client: ollama.Client, prompt: str, tokens: int, fmt: Any = None) -> 
     raise RuntimeError("the stream ended without a final chunk")
 
 
-def decode_figures(client: ollama.Client, prompts: list[str], tokens: int) -> None:
+def decode_figures(client: ollama.Client, prompts: list[str], tokens: int, engine: str) -> None:
     runs: dict[str, list[dict[str, float]]] = {"free": [], "constrained": []}
     for i, prompt in enumerate(prompts):
         kinds = ["free", "constrained"] if i % 2 else ["constrained", "free"]
@@ -77,10 +81,11 @@ def decode_figures(client: ollama.Client, prompts: list[str], tokens: int) -> No
     for key, label in (("client", "client"), ("own", "plugd own")):
         ratio = medians["constrained"][key] / medians["free"][key]
         verdict = "OK" if ratio >= DECODE_TARGET else "BELOW TARGET"
-        print(f"ratio decode ({label}) constrained/free {ratio:5.2f}  (target >= {DECODE_TARGET:.2f}) {verdict}")
+        print(f"ratio decode ({label}, {engine}) constrained/free {ratio:5.2f}  (target >= {DECODE_TARGET:.2f}) "
+              f"{verdict}")
 
 
-def ttft_figures(client: ollama.Client, prompts: list[str], reps: int) -> None:
+def ttft_figures(client: ollama.Client, prompts: list[str], reps: int, engine: str) -> None:
     """`prompts` holds 1 + 3 * reps prompts, none sharing a first token with another."""
     first = stream(client, prompts[0], 2, rows_schema("first"))["ttft"]
     ttft: dict[str, list[float]] = {"free": [], "new schema": [], "cached schema": []}
@@ -92,16 +97,15 @@ def ttft_figures(client: ollama.Client, prompts: list[str], reps: int) -> None:
     medians = {kind: bl.median(times) for kind, times in ttft.items()}
     rows = [["first structured request in the runner", first * 1000]] + [[k, v * 1000] for k, v in medians.items()]
     print("\n" + bl.table(["time to first token", "ms"], rows))
-    print(f"ratio TTFT new schema/free {medians['new schema'] / medians['free']:5.2f}, "
+    print(f"ratio TTFT ({engine}) new schema/free {medians['new schema'] / medians['free']:5.2f}, "
           f"cached schema/free {medians['cached schema'] / medians['free']:5.2f}, "
           f"first structured/free {first / medians['free']:5.2f}  (lower is better)")
 
 
-def compile_figures(model_dir: Path, width: int) -> None:
-    from plugd_xgrammar.engine import XGrammarEngine  # imports xgrammar and torch: only here, not at start-up
-
+def compile_figures(model_dir: Path, width: int, name: str) -> None:
+    module, factory = ENGINES[name]
     started = time.perf_counter()
-    engine = XGrammarEngine(GrammarVocabulary.of(Tokenizer.from_dir(model_dir), width))
+    engine = getattr(importlib.import_module(module), factory)(GrammarVocabulary.of(Tokenizer.from_dir(model_dir), width))
     setup = time.perf_counter() - started
     times: dict[str, list[float]] = {"compiled": [], "refused": []}
     for path in sorted(SCHEMAS.glob("*.json")):
@@ -113,7 +117,7 @@ def compile_figures(model_dir: Path, width: int) -> None:
         except GrammarRefused:
             outcome = "refused"
         times[outcome].append(time.perf_counter() - started)
-    print(f"\nvocabulary + compiler set-up: {setup * 1000:,.0f} ms (once per runner)")
+    print(f"\n{name}: vocabulary + compiler set-up: {setup * 1000:,.0f} ms (once per runner)")
     print(bl.table(["schemas", "count", "median ms", "max ms"],
                    [[kind, str(len(t)), bl.median(t) * 1000, max(t, default=float("nan")) * 1000]
                     for kind, t in times.items()]))
@@ -126,18 +130,21 @@ def main() -> int:
     reps, tokens, prompt_len = args.reps, args.tokens, args.prompt_tokens
     bl.on_sigterm_exit()
 
-    with tempfile.TemporaryDirectory(prefix="plugd-bench-") as tmp, ExitStack() as stack:
+    with tempfile.TemporaryDirectory(prefix="plugd-bench-") as tmp:
         model_dir = Path(tmp) / "model"
         info = bl.write_bench_checkpoint(model_dir, "qwen3", QUICK if args.quick else FULL, args.vocab)
         print(f"model: {bl.describe(info['config'], args.vocab)}: {info['params'] / 1e6:.1f}M parameters")
         print(f"run: prompt {prompt_len} tokens, {tokens} generated tokens, temperature 0, {reps} repetitions")
         prompts = [text for text, _ in bl.make_prompts(model_dir, 2 + 4 * reps, prompt_len)]
-        server = stack.enter_context(bl.plugd_server(Path(tmp) / "store", model_dir, "bench"))
-        client = ollama.Client(host=server.url)
-        stream(client, prompts[0], 2)  # loads the runner
-        ttft_figures(client, prompts[1 : 2 + 3 * reps], reps)
-        decode_figures(client, prompts[2 + 3 * reps :], tokens)
-        compile_figures(model_dir, info["config"]["vocab_size"])
+        for engine in ENGINES:
+            print(f"\n=== {engine}")
+            env = {"PLUGD_GRAMMAR_ENGINES": engine}
+            with bl.plugd_server(Path(tmp) / f"store-{engine}", model_dir, "bench", env=env) as server:
+                client = ollama.Client(host=server.url)
+                stream(client, prompts[0], 2)  # loads the runner
+                ttft_figures(client, prompts[1 : 2 + 3 * reps], reps, engine)
+                decode_figures(client, prompts[2 + 3 * reps :], tokens, engine)
+            compile_figures(model_dir, info["config"]["vocab_size"], engine)
     return 0
 
 
