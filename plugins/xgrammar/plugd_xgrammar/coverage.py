@@ -19,6 +19,7 @@ from plugd.json_schema import STANDARD_FORMATS, subschemas
 IGNORED = {"not": None, "contains": None, "minContains": None, "maxContains": None, "dependencies": None,
            "dependentRequired": None, "dependentSchemas": None, "then": None, "else": None,
            "uniqueItems": False, "unevaluatedProperties": True}
+_COMBINATORS = ("anyOf", "oneOf", "allOf")
 # Drafts in which keywords beside a $ref are ignored (by the specification, so by xgrammar rightly).
 _REF_OVERRIDES_SIBLINGS = re.compile(r"json-schema\.org/(draft-0[3-7]/)")
 _VALIDATION = frozenset({
@@ -38,6 +39,9 @@ def unenforced_features(schema: Any, format_enforced: Callable[[str], bool]) -> 
         found = _ignored_keywords(node) + _format_problems(node, format_enforced) + _property_name_problems(node)
         if ref_siblings_apply and "$ref" in node and (siblings := sorted(node.keys() & _VALIDATION)):
             found.append(f"keywords beside $ref ({', '.join(siblings)})")
+        for combinator in _COMBINATORS:  # xgrammar takes the branches alone, the schema's other keywords unread
+            if combinator in node and (siblings := sorted(node.keys() & _VALIDATION - {combinator})):
+                found.append(f"keywords beside '{combinator}' ({', '.join(siblings)})")
         problems += [f"{problem} at {pointer or '/'}" for problem in found]
     return problems
 

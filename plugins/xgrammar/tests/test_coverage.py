@@ -45,6 +45,11 @@ REFUSED = [  # (schema, words the refusal names)
     ({"$defs": {"d": {"type": "object"}}, "properties": {"p": {"$ref": "#/$defs/d", "required": ["u"]}}},
      "keywords beside $ref (required) at /properties/p"),
     ({"type": "integer", "minimum": 1, "exclusiveMinimum": True}, "'exclusiveMinimum' as a boolean (draft-04)"),
+    ({"type": "string", "anyOf": [{"minLength": 1}]}, "keywords beside 'anyOf' (type) at /"),
+    ({"type": "object", "properties": P, "additionalProperties": False, "anyOf": [{"required": ["a"]}]},
+     "keywords beside 'anyOf' (additionalProperties, properties, type) at /"),
+    ({"oneOf": [{"type": "integer"}, {"type": "string"}], "minimum": 5}, "keywords beside 'oneOf' (minimum) at /"),
+    ({"type": "object", "properties": P, "allOf": [{"required": ["a"]}]}, "keywords beside 'allOf' (properties, type)"),
     # the rest come from xgrammar's own warnings or errors
     ({"type": "string", "pattern": "^(?!a)\\w+$"}, "Lookahead"),
     ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf with overlapping"),
