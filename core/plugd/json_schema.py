@@ -10,7 +10,7 @@ every string they allow is a valid RFC 3339 date or time, which is what the sche
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # The formats JSON Schema itself defines (draft 2020-12). Any other format name is an annotation that no
@@ -43,6 +43,24 @@ def subschemas(node: Any, pointer: str = "") -> Iterator[tuple[str, dict[str, An
         if isinstance(node.get(keyword), dict):
             for name, item in node[keyword].items():
                 yield from subschemas(item, f"{pointer}/{keyword}/{escape(name)}")
+
+
+def transformed(node: Any, rewrite: Callable[[dict[str, Any]], Any]) -> Any:
+    """A copy of `node` in which every schema object is what `rewrite` makes of it, innermost first (`rewrite`
+    gets a fresh dict it may change and returns the schema to put in its place)."""
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    for keyword in _ONE_SCHEMA:
+        if isinstance(node.get(keyword), dict):
+            node[keyword] = transformed(node[keyword], rewrite)
+    for keyword in _SCHEMA_LISTS:
+        if isinstance(node.get(keyword), list):
+            node[keyword] = [transformed(item, rewrite) for item in node[keyword]]
+    for keyword in _SCHEMA_MAPS:
+        if isinstance(node.get(keyword), dict):
+            node[keyword] = {name: transformed(item, rewrite) for name, item in node[keyword].items()}
+    return rewrite(node)
 
 
 def escape(name: str) -> str:

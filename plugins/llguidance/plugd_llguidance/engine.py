@@ -7,7 +7,8 @@ Choices, the same as plugd-xgrammar's where both apply:
 - A schema means what JSON Schema says: properties it does not close may appear, arrays without `items` take
   any items. `format: "json"` is any JSON object.
 - Dates and times are real ones (see `plugd.json_schema`); a format JSON Schema does not define is the annotation
-  it is, and is dropped.
+  it is, and is dropped. Keywords llguidance does not take are rewritten where an exact equal exists
+  (`plugd.schema_rewrites`).
 - llguidance runs strict: a keyword it does not implement, a format it does not know, a oneOf it cannot prove
   exclusive, or any other warning refuses the request, naming each one and where it is. So does what it
   accepts without enforcing it (`unenforced`).
@@ -26,6 +27,7 @@ import numpy as np
 
 from plugd.json_schema import PATTERNS, subschemas, with_exact_formats, without_annotations
 from plugd.runner_api import GrammarRefused, GrammarVocabulary
+from plugd.schema_rewrites import rewritten
 
 ANY_JSON_OBJECT = {"type": "object"}
 CACHED_GRAMMARS = 64
@@ -113,6 +115,7 @@ class LLGuidanceEngine:
         return result
 
     def _compile(self, schema: dict | bool) -> LLGuidanceCompiled | GrammarRefused:
+        schema = rewritten(schema)
         if schema is False:
             return GrammarRefused("llguidance cannot enforce this JSON schema: false allows no value at /")
         schema = {} if schema is True else schema

@@ -7,6 +7,7 @@ Choices, for every schema alike:
 - A schema means what JSON Schema says: properties it does not close may appear, arrays without `items` take
   any items (xgrammar's "strict mode", which would forbid both, is off). `format: "json"` is any JSON object.
 - Dates and times are real ones (see `plugd.json_schema`), not just digits in the right places.
+- Keywords xgrammar does not take are rewritten where an exact equal exists (`plugd.schema_rewrites`).
 - A schema feature xgrammar would not enforce (see `coverage`, and the warnings it logs) refuses the request.
 """
 
@@ -22,6 +23,7 @@ import xgrammar as xgr
 
 from plugd.json_schema import with_exact_formats
 from plugd.runner_api import GrammarRefused, GrammarVocabulary
+from plugd.schema_rewrites import rewritten
 from plugd_xgrammar.coverage import unenforced_features
 from plugd_xgrammar.native_log import native_message, with_native_warnings
 
@@ -83,8 +85,8 @@ class XGrammarEngine:
 def to_grammar(schema_json: str) -> xgr.Grammar:
     """xgrammar's grammar for a JSON schema, or GrammarRefused naming what it would not enforce."""
     schema = json.loads(schema_json)
-    problems = unenforced_features(schema, format_enforced)
-    exact = json.dumps(with_exact_formats(schema))
+    problems = unenforced_features(schema, format_enforced)  # named in the schema as written
+    exact = json.dumps(with_exact_formats(rewritten(schema, false_schemas=False)))  # xgrammar refuses `false`
     try:
         grammar, warnings = with_native_warnings(lambda: _convert(exact))
         problems += warnings

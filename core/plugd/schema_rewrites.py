@@ -1,0 +1,179 @@
+"""JSON Schema keywords the grammar engines do not take, rewritten into equal schemas in keywords they do.
+
+Each rewrite is exact (an instance is valid under the rewritten schema exactly when it is valid under the
+original) or is not made, leaving the keyword for the engine to refuse by name:
+
+- `not: {}` (and `not: true`) allows nothing: the schema becomes `false`.
+- `not: {required: [k]}` says `k` is absent: `properties: {k: false}`.
+- `dependentRequired` and the list form of draft-07's `dependencies` ("if `a` is present, so are `b`, `c`"),
+  over at most MAX_DEPENDENCIES properties, become an `anyOf` of the ways to satisfy them: each property
+  either present with what it needs, or absent.
+- A `oneOf` whose branches are provably disjoint (no instance could match two: their types differ, or one
+  requires a key the other forbids, or both require a key whose allowed `const`/`enum` values differ) is the
+  `anyOf` of the same branches.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from typing import Any
+
+from plugd.json_schema import transformed
+
+MAX_DEPENDENCIES = 3
+_ALL_TYPES = frozenset({"null", "boolean", "number", "string", "array", "object"})
+_LOCAL_REF = re.compile(r"^#/(definitions|\$defs)/([^/]+)$")
+
+
+def rewritten(schema: Any, false_schemas: bool = True) -> Any:
+    """`schema` with every exact rewrite above made (a new object; `schema` is left as it is). An engine that
+    does not take `false` as a subschema passes `false_schemas=False`, and gets none of the rewrites that would
+    write one (the first three), so that it refuses the keywords the schema's author wrote."""
+    if not isinstance(schema, dict):
+        return schema
+    return transformed(schema, lambda node: _rewrite(node, schema, false_schemas))
+
+
+def _rewrite(node: dict[str, Any], root: dict[str, Any], false_schemas: bool) -> dict[str, Any] | bool:
+    if false_schemas:
+        if node.get("not") in ({}, True):
+            return False
+        _absence_from_not(node)
+        _dependencies_as_branches(node)
+    if isinstance(node.get("oneOf"), list) and "anyOf" not in node and _pairwise_disjoint(node["oneOf"], root):
+        node["anyOf"] = node.pop("oneOf")
+    return node
+
+
+def _absence_from_not(node: dict[str, Any]) -> None:
+    negated = node.get("not")  # `required` holds for any non-object, so the `not` refuses non-objects too
+    if (isinstance(negated, dict) and negated.keys() == {"required"} and isinstance(negated["required"], list)
+            and len(negated["required"]) == 1 and negated["required"][0] not in node.get("required", [])
+            and _types(node) == {"object"}):
+        node["properties"] = {**node.get("properties", {}), negated["required"][0]: False}
+        del node["not"]
+
+
+def _dependencies_as_branches(node: dict[str, Any]) -> None:
+    lists = {key: node[key] for key in ("dependentRequired", "dependencies") if isinstance(node.get(key), dict)}
+    if not lists or any(not isinstance(needs, list) for needs in itertools.chain(*(d.values() for d in lists.values()))):
+        return  # dependencies on schemas (dependentSchemas' kind) are not rewritten
+    needs: dict[str, set[str]] = {}
+    for dependencies in lists.values():
+        for name, required in dependencies.items():
+            needs.setdefault(name, set()).update(required)
+    needs = {name: required for name, required in needs.items() if required}
+    if len(needs) > MAX_DEPENDENCIES or "anyOf" in node:
+        return
+    for key in lists:
+        del node[key]
+    if not needs:
+        return
+    already = set(node.get("required", []))
+    branches = []
+    for present in itertools.product((True, False), repeat=len(needs)):
+        required, absent = set(), []
+        for (name, wanted), is_present in zip(needs.items(), present, strict=True):
+            if is_present:
+                required |= {name, *wanted}
+            elif name in already:
+                break  # this way of satisfying the dependencies leaves out a key the schema requires
+            else:
+                absent.append(name)
+        else:
+            branch: dict[str, Any] = {}
+            if required - already:
+                branch["required"] = sorted(required - already)
+            if absent:
+                branch["properties"] = dict.fromkeys(absent, False)
+            branches.append(branch)
+    node["anyOf"] = branches
+
+
+def _pairwise_disjoint(branches: list[Any], root: dict[str, Any]) -> bool:
+    shapes = [_resolved(branch, root) for branch in branches]
+    return all(_disjoint(a, b) for a, b in itertools.combinations(shapes, 2))
+
+
+def _resolved(branch: Any, root: dict[str, Any]) -> Any:
+    """`branch`, or the local definition it is only a `$ref` to (one level: that is all the proof looks at)."""
+    if isinstance(branch, dict) and set(branch) - {"$ref", "title", "description"} == set():
+        match = _LOCAL_REF.match(str(branch.get("$ref", "")))
+        if match and isinstance(definitions := root.get(match[1]), dict):
+            return definitions.get(match[2].replace("~1", "/").replace("~0", "~"), branch)
+    return branch
+
+
+def _disjoint(a: Any, b: Any) -> bool:
+    if a is False or b is False:
+        return True
+    if not (isinstance(a, dict) and isinstance(b, dict)) or "$ref" in a or "$ref" in b:
+        return False  # beside a $ref, other keywords may not apply (drafts up to 7)
+    if not _types(a) & _types(b):
+        return True
+    if _types(a) == _types(b) == {"object"}:
+        return _object_disjoint(a, b) or _object_disjoint(b, a)
+    return False
+
+
+def _types(schema: dict[str, Any]) -> frozenset[str]:
+    """The JSON types an instance of `schema` can have, as far as its own keywords say."""
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    if isinstance(values, list):
+        found = frozenset(map(_type_of, values))
+    elif isinstance(schema.get("type"), str | list):
+        named = [schema["type"]] if isinstance(schema["type"], str) else schema["type"]
+        found = frozenset("number" if t == "integer" else t for t in named)
+    else:
+        return _ALL_TYPES
+    return found
+
+
+def _type_of(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return {int: "number", float: "number", str: "string", list: "array", dict: "object"}[type(value)]
+
+
+def _object_disjoint(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether an object valid under `a` never is under `b`: a key `a` requires is one `b` forbids, or one both
+    require with values that cannot agree."""
+    for key in a.get("required", []):
+        if _forbids(b, key):
+            return True
+        if key in b.get("required", []):
+            allowed_a, allowed_b = _values(a, key), _values(b, key)
+            if allowed_a is not None and allowed_b is not None and not allowed_a & allowed_b:
+                return True
+    return False
+
+
+def _forbids(schema: dict[str, Any], key: str) -> bool:
+    properties = schema.get("properties", {})
+    if key in properties:
+        return properties[key] is False
+    return schema.get("additionalProperties") is False and not schema.get("patternProperties")
+
+
+def _values(schema: dict[str, Any], key: str) -> set[str] | None:
+    """The values `schema` allows at `key`, as canonical JSON; None where it allows more than a listed few."""
+    value = schema.get("properties", {}).get(key)
+    if not isinstance(value, dict):
+        return None
+    listed = [value["const"]] if "const" in value else value.get("enum")
+    return {json.dumps(_numbers_as_floats(v), sort_keys=True) for v in listed} if isinstance(listed, list) else None
+
+
+def _numbers_as_floats(value: Any) -> Any:
+    """`value` with every number a float, so that 1 and 1.0, one JSON value, compare equal."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, list):
+        return [_numbers_as_floats(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _numbers_as_floats(item) for key, item in value.items()}
+    return value
