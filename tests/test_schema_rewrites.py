@@ -15,6 +15,8 @@ P = {"a": {"type": "string"}, "b": {"type": "integer"}, "c": {"type": "string"}}
 OBJECTS = [{}, {"a": "x"}, {"b": 1}, {"a": "x", "b": 1}, {"a": "x", "c": "y"}, {"a": "x", "b": 1, "c": "y"},
            {"c": "y"}, {"b": 1, "c": "y"}]
 VALUES = [*OBJECTS, None, 1, "s", [1], True]
+CONDITIONED = [{}, {"a": "s"}, {"a": "s", "c": "x"}, {"a": "s", "c": "y"}, {"a": "s", "b": 1, "c": "y"}, {"c": "x"},
+               {"b": 1, "c": "x"}, {"a": "s", "c": "z"}, {"a": "s", "b": 1}]
 DRAFT_7 = "http://json-schema.org/draft-07/schema#"  # where `dependencies` is a keyword
 
 EXACT = [  # (rule, schema, the keyword it takes away, instances)
@@ -26,6 +28,13 @@ EXACT = [  # (rule, schema, the keyword it takes away, instances)
      "dependencies", VALUES),
     ("dependencies beside required", {"$schema": DRAFT_7, "type": "object", "properties": P, "required": ["a"],
                                       "dependencies": {"a": ["c"], "b": ["c"]}}, "dependencies", OBJECTS),
+    ("if on one property's listed values", {"$schema": DRAFT_7, "type": "object", "properties": {
+        "a": P["a"], "b": P["b"], "c": {"type": "string", "enum": ["x", "y", "z"]}},
+        "if": {"properties": {"c": {"enum": ["y"]}}}, "then": {"required": ["a", "b"]}, "else": {"required": ["a"]}},
+     "if", CONDITIONED),
+    ("if that requires the key", {"type": "object", "properties": {"a": P["a"], "b": P["b"], "c": {"enum": ["x", "y"]}},
+                                  "if": {"properties": {"c": {"const": "x"}}, "required": ["c"]},
+                                  "then": {"required": ["b"]}}, "if", CONDITIONED),
     ("oneOf of distinct types", {"oneOf": [{"type": "integer"}, {"type": "array"}, {"enum": ["x", "y"]}]},
      "oneOf", [1, 1.5, [1], "x", "z", None]),
     ("oneOf with a const discriminator", {"oneOf": [
@@ -47,6 +56,12 @@ KEPT = [  # (why the rewrite would not be exact, schema, the keyword left for th
      "dependencies"),
     ("more dependencies than MAX_DEPENDENCIES", {"type": "object", "dependentRequired": {
         "a": ["z"], "b": ["z"], "c": ["z"], "d": ["z"]}}, "dependentRequired"),
+    ("if on a property whose values the schema does not list", {"type": "object", "properties": P,
+                                                                 "if": {"properties": {"a": {"const": "x"}}},
+                                                                 "then": {"required": ["b"]}}, "if"),
+    ("then that judges properties by the names beside it", {
+        "type": "object", "properties": {"a": P["a"], "c": {"enum": ["x", "y"]}},
+        "if": {"properties": {"c": {"const": "x"}}}, "then": {"additionalProperties": False}}, "if"),
     ("oneOf whose branches overlap ({} is both)", {"oneOf": [
         {"type": "object", "properties": {"a": P["a"]}, "additionalProperties": False},
         {"type": "object", "properties": {"b": P["b"]}, "additionalProperties": False}]}, "oneOf"),

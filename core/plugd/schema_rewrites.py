@@ -8,6 +8,10 @@ original) or is not made, leaving the keyword for the engine to refuse by name:
 - `dependentRequired` and the list form of draft-07's `dependencies` ("if `a` is present, so are `b`, `c`"),
   over at most MAX_DEPENDENCIES properties, become an `anyOf` of the ways to satisfy them: each property
   either present with what it needs, or absent.
+- `if`/`then`/`else` whose `if` tests one property against listed values (`properties: {k: {enum: [...]}}`,
+  perhaps with `required: [k]`), on an object schema that lists that property's values itself, becomes an
+  `anyOf`: the values the test passes with `then`, the others with `else`, an absent `k` with `then` (with
+  `else` if the test requires `k`).
 - A `oneOf` whose branches are provably disjoint (no instance could match two: their types differ, or one
   requires a key the other forbids, or both require a key whose allowed `const`/`enum` values differ) is the
   `anyOf` of the same branches.
@@ -24,13 +28,15 @@ from plugd.json_schema import transformed
 
 MAX_DEPENDENCIES = 3
 _ALL_TYPES = frozenset({"null", "boolean", "number", "string", "array", "object"})
+# Keywords whose meaning depends on the property names beside them in the same schema.
+_JUDGE_BY_NAMES = frozenset({"additionalProperties", "patternProperties", "unevaluatedProperties", "propertyNames"})
 _LOCAL_REF = re.compile(r"^#/(definitions|\$defs)/([^/]+)$")
 
 
 def rewritten(schema: Any, false_schemas: bool = True) -> Any:
     """`schema` with every exact rewrite above made (a new object; `schema` is left as it is). An engine that
     does not take `false` as a subschema passes `false_schemas=False`, and gets none of the rewrites that would
-    write one (the first three), so that it refuses the keywords the schema's author wrote."""
+    write one (all but the last), so that it refuses the keywords the schema's author wrote."""
     if not isinstance(schema, dict):
         return schema
     return transformed(schema, lambda node: _rewrite(node, schema, false_schemas))
@@ -41,6 +47,7 @@ def _rewrite(node: dict[str, Any], root: dict[str, Any], false_schemas: bool) ->
         if node.get("not") in ({}, True):
             return False
         _absence_from_not(node)
+        _conditional_as_branches(node)
         _dependencies_as_branches(node)
     if isinstance(node.get("oneOf"), list) and "anyOf" not in node and _pairwise_disjoint(node["oneOf"], root):
         node["anyOf"] = node.pop("oneOf")
@@ -54,6 +61,59 @@ def _absence_from_not(node: dict[str, Any]) -> None:
             and _types(node) == {"object"}):
         node["properties"] = {**node.get("properties", {}), negated["required"][0]: False}
         del node["not"]
+
+
+def _conditional_as_branches(node: dict[str, Any]) -> None:
+    test = _value_test(node.get("if"))
+    if test is None or "anyOf" in node or _types(node) != {"object"}:
+        return
+    key, tested, key_required = test
+    domain = _listed(node.get("properties", {}).get(key))
+    if domain is None:
+        return  # what fails the test could not be written without `not`
+    then, otherwise = node.get("then", True), node.get("else", True)
+    cases = [(then, [v for v in domain if _canonical(v) in tested]),
+             (otherwise, [v for v in domain if _canonical(v) not in tested])]
+    branches = [_merged(case, {"properties": {key: {"enum": values}}, "required": [key]})
+                for case, values in cases if values]
+    # Where the key is absent, the test holds unless it requires the key.
+    branches.append(_merged(otherwise if key_required else then, {"properties": {key: False}}))
+    if None in branches or not (branches := [branch for branch in branches if branch is not False]):
+        return
+    for keyword in ("if", "then", "else"):
+        node.pop(keyword, None)
+    node["anyOf"] = branches
+
+
+def _value_test(condition: Any) -> tuple[str, set[str], bool] | None:
+    """(key, the values it passes as canonical JSON, whether it requires the key) for an `if` that tests one
+    property against listed values; None for any other `if`."""
+    if not isinstance(condition, dict) or not condition.keys() <= {"properties", "required"}:
+        return None
+    properties, required = condition.get("properties"), condition.get("required", [])
+    if not isinstance(properties, dict) or len(properties) != 1:
+        return None
+    [(key, test)] = properties.items()
+    if (not isinstance(test, dict) or not test.keys() <= {"const", "enum"} or (values := _listed(test)) is None
+            or required not in ([], [key])):
+        return None
+    return key, {_canonical(v) for v in values}, required == [key]
+
+
+def _merged(case: Any, constraint: dict[str, Any]) -> dict[str, Any] | bool | None:
+    """`case` (then or else) and `constraint` (properties and required) in one schema; None where the merge
+    would not be exact (a $ref, keys that judge properties by the names beside them, a property both name)."""
+    if case is True:
+        return constraint
+    if case is False:
+        return False
+    if (not isinstance(case, dict) or "$ref" in case or case.keys() & _JUDGE_BY_NAMES
+            or case.get("properties", {}).keys() & constraint.get("properties", {}).keys()):
+        return None
+    merged = {**case, "properties": {**case.get("properties", {}), **constraint["properties"]}}
+    if required := list(dict.fromkeys([*case.get("required", []), *constraint.get("required", [])])):
+        merged["required"] = required
+    return merged
 
 
 def _dependencies_as_branches(node: dict[str, Any]) -> None:
@@ -161,11 +221,20 @@ def _forbids(schema: dict[str, Any], key: str) -> bool:
 
 def _values(schema: dict[str, Any], key: str) -> set[str] | None:
     """The values `schema` allows at `key`, as canonical JSON; None where it allows more than a listed few."""
-    value = schema.get("properties", {}).get(key)
-    if not isinstance(value, dict):
+    listed = _listed(schema.get("properties", {}).get(key))
+    return None if listed is None else {_canonical(v) for v in listed}
+
+
+def _listed(schema: Any) -> list[Any] | None:
+    """The values a `const` or `enum` limits `schema` to; None where it lists none."""
+    if not isinstance(schema, dict):
         return None
-    listed = [value["const"]] if "const" in value else value.get("enum")
-    return {json.dumps(_numbers_as_floats(v), sort_keys=True) for v in listed} if isinstance(listed, list) else None
+    listed = [schema["const"]] if "const" in schema else schema.get("enum")
+    return listed if isinstance(listed, list) else None
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(_numbers_as_floats(value), sort_keys=True)
 
 
 def _numbers_as_floats(value: Any) -> Any:
