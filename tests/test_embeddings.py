@@ -134,8 +134,21 @@ def test_inputs_are_cut_to_max_seq_length_and_past_the_context_cut_or_refused(se
     assert refused.value.status_code == 400 and "exceeds the context length" in refused.value.error
 
 
+@pytest.mark.parametrize("endpoint, body, empty", [
+    ("/api/embed", {"model": "last"}, {"embeddings": []}),
+    ("/api/embed", {"model": "last", "input": []}, {"embeddings": []}),
+    ("/api/embeddings", {"model": "last", "prompt": ""}, {"embedding": []}),
+])
+def test_no_input_loads_the_model_as_ollama_does(server, endpoint, body, empty):
+    # What `ollama stop` sends: it unloads an embedding model as any other.
+    assert ollama.Client(host=server.url).generate(model="last", keep_alive=0).done_reason == "unload"
+    assert not [m for m in httpx.get(server.url + "/api/ps").json()["models"] if m["name"].startswith("last")]
+    response = httpx.post(server.url + endpoint, json=body)
+    assert response.status_code == 200 and empty.items() <= response.json().items(), response.text
+    assert [m for m in httpx.get(server.url + "/api/ps").json()["models"] if m["name"].startswith("last")]
+
+
 @pytest.mark.parametrize("body, status, words", [
-    ({"model": "last", "input": []}, 400, "input is empty"),
     ({"model": "last", "input": ["a", 1]}, 400, "invalid request body"),
     ({"model": "absent", "input": "a"}, 404, "not found"),
     ({"model": "chat", "input": "a"}, 400, "does not support embeddings"),

@@ -45,10 +45,9 @@ class Embeddings:
 
 
 async def embed(services: Services, request: EmbedRequest) -> Embeddings:
-    """The vectors of `request.inputs`, in order; InvalidRequest for inputs, options or a model that cannot be."""
+    """The vectors of `request.inputs`, in order; InvalidRequest for inputs, options or a model that cannot be.
+    No inputs (Ollama's way to preload an embedding model) loads the model and gives no vectors."""
     started = time.perf_counter_ns()
-    if not request.inputs:
-        raise InvalidRequest("input is empty: give a text, or a list of them")
     try:
         keep_alive = parse_keep_alive(services.settings.keep_alive if request.keep_alive is None else request.keep_alive)
     except ValueError as exc:

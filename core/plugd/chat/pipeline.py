@@ -205,7 +205,7 @@ async def _prepared(services: Services, request: ChatRequest) -> _Prepared:
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
     model = await anyio.to_thread.run_sync(resolve, services.store, services.registry, ModelName.parse(request.model))
-    if model.embeds:
+    if model.embeds and not _unloads(request, keep_alive):  # `plugd stop` unloads an embedding model too
         raise InvalidRequest(f"model '{model.name}' is an embedding model: it does not generate (ask /api/embed or "
                              "/v1/embeddings)")
     try:
@@ -214,6 +214,11 @@ async def _prepared(services: Services, request: ChatRequest) -> _Prepared:
     except ValueError as exc:
         raise InvalidRequest(f"invalid options: {exc}") from None
     return _Prepared(model, options, keep_alive)
+
+
+def _unloads(request: ChatRequest, keep_alive: float) -> bool:
+    """Whether `request` asks only for its model to be unloaded (nothing to generate, keep_alive 0)."""
+    return not request.messages and not request.raw_prompt and keep_alive == 0
 
 
 async def _whole_prompt(services: Services, model: ResolvedModel, request: ChatRequest) -> Prompt:
@@ -258,7 +263,7 @@ async def run(services: Services, request: ChatRequest,
     prepared = await _prepared(services, request)
     model, options, keep_alive = prepared.model, prepared.options, prepared.keep_alive
     load_only = not request.messages and not request.raw_prompt
-    if load_only and keep_alive == 0:  # as Ollama: an unload request does not load a model to unload it
+    if _unloads(request, keep_alive):  # as Ollama: an unload request does not load a model to unload it
         await services.scheduler.unload(model.digest)
         yield Final(done_reason="unload", total_duration=time.perf_counter_ns() - started)
         return

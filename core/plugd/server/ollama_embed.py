@@ -42,8 +42,9 @@ async def embed(services: Services, payload: EmbedBody) -> dict[str, Any]:
 @post("/api/embeddings", status_code=200, dependencies=json_body(EmbeddingsBody))
 async def embeddings(services: Services, payload: EmbeddingsBody) -> dict[str, Any]:
     done = await embedding.embed(services, embedding.EmbedRequest(
-        payload.model, [payload.prompt], keep_alive=payload.keep_alive, options=payload.options or {}))
-    return {"embedding": done.vectors[0]}
+        payload.model, [payload.prompt] if payload.prompt else [], keep_alive=payload.keep_alive,
+        options=payload.options or {}))
+    return {"embedding": done.vectors[0] if done.vectors else []}  # no prompt: the model is loaded, as Ollama does
 
 
 ROUTES = [embed, embeddings]
