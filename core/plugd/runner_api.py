@@ -1,7 +1,8 @@
 """The runner-side contract for plugins: what a cache policy and a grammar engine are given and must provide.
 
 Plugins whose code runs in the runner (hooks `plugd_cache_policies`, `plugd_grammar_engines`) import from here,
-from `plugd.nn` and from `plugd.testing`, and from nothing else of plugd's: the rest may change. This module
+from `plugd.nn`, `plugd.json_schema`, `plugd.schema_rewrites` and `plugd.testing`, and from nothing else of
+plugd's: the rest may change. This module
 imports no MLX, so the daemon can read the descriptors' contract without it.
 
 ## Cache policies
@@ -41,13 +42,16 @@ imports it; the runner calls it once per model with the model's `GrammarVocabula
                                                   # stop ids only once the output is complete
         matcher.accept(token) -> bool             # False: the token breaks the grammar
 
-The bitmask is numpy int32, ceil(width / 32) words, little-endian bit order within each word.
+The bitmask is numpy int32, ceil(width / 32) words, little-endian bit order within each word. A JSON Schema
+engine can leave the format's checks and a cache of what it compiled to `SchemaCache`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+import json
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import attrs
 
@@ -182,3 +186,38 @@ class Compiled(Protocol):
 
 class Compiler(Protocol):
     def compile(self, kind: str, format: Any) -> Compiled: ...
+
+
+_Compiled = TypeVar("_Compiled")
+
+
+class SchemaCache(Generic[_Compiled]):
+    """The last `size` schemas a JSON Schema engine compiled, and the ones it refused, by their JSON.
+
+    `compile(kind, format)` is a `Compiler`'s: format "json" is the schema of any JSON object, a `json_schema`
+    must be an object or a boolean, and anything else gets `compile_schema(schema)` (which raises GrammarRefused
+    for what it will not enforce) once while it stays among the last `size` asked for.
+    """
+
+    ANY_JSON_OBJECT = {"type": "object"}
+
+    def __init__(self, compile_schema: Callable[[dict | bool], _Compiled], size: int = 64):
+        self._compile_schema, self._size = compile_schema, size
+        self._results: OrderedDict[str, _Compiled | GrammarRefused] = OrderedDict()
+
+    def compile(self, kind: str, format: Any) -> _Compiled:
+        schema = self.ANY_JSON_OBJECT if kind == "json" else format
+        if not isinstance(schema, dict | bool):
+            raise GrammarRefused(f"a JSON schema must be an object or a boolean, not {type(schema).__name__}")
+        key = json.dumps(schema, sort_keys=True)
+        if (result := self._results.pop(key, None)) is None:
+            try:
+                result = self._compile_schema(schema)
+            except GrammarRefused as refusal:
+                result = refusal
+        self._results[key] = result
+        while len(self._results) > self._size:
+            self._results.popitem(last=False)
+        if isinstance(result, GrammarRefused):
+            raise result
+        return result

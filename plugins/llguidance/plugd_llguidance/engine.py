@@ -19,18 +19,15 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections import OrderedDict
 from typing import Any
 
 import llguidance as llg
 import numpy as np
 
 from plugd.json_schema import PATTERNS, subschemas, with_exact_formats, without_annotations
-from plugd.runner_api import GrammarRefused, GrammarVocabulary
+from plugd.runner_api import GrammarRefused, GrammarVocabulary, SchemaCache
 from plugd.schema_rewrites import rewritten
 
-ANY_JSON_OBJECT = {"type": "object"}
-CACHED_GRAMMARS = 64
 OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": False,
            "coerce_one_of": False}
 MAX_ROUNDS = 16
@@ -93,31 +90,18 @@ class LLGuidanceCompiled:
 
 
 class LLGuidanceEngine:
-    """One model's compiler; it keeps the last CACHED_GRAMMARS compiled formats (and refusals) by their JSON."""
+    """One model's compiler; it keeps the last compiled schemas (and refusals) in a SchemaCache."""
 
     def __init__(self, vocabulary: GrammarVocabulary):
         table = _TokenTable(vocabulary)
         self._tokenizer = llg.LLTokenizer(llg.TokenizerWrapper(table), n_vocab=vocabulary.width,
                                           eos_token=sorted(vocabulary.stop_ids) or None)
-        self._cache: OrderedDict[str, LLGuidanceCompiled | GrammarRefused] = OrderedDict()
+        self.compile = SchemaCache(self._compile).compile
 
-    def compile(self, kind: str, format: Any) -> LLGuidanceCompiled:
-        schema = ANY_JSON_OBJECT if kind == "json" else format
-        if not isinstance(schema, dict | bool):
-            raise GrammarRefused(f"a JSON schema must be an object or a boolean, not {type(schema).__name__}")
-        key = json.dumps(schema, sort_keys=True)
-        result = self._cache.pop(key, None) or self._compile(schema)
-        self._cache[key] = result
-        while len(self._cache) > CACHED_GRAMMARS:
-            self._cache.popitem(last=False)
-        if isinstance(result, GrammarRefused):
-            raise result
-        return result
-
-    def _compile(self, schema: dict | bool) -> LLGuidanceCompiled | GrammarRefused:
+    def _compile(self, schema: dict | bool) -> LLGuidanceCompiled:
         schema = rewritten(schema)
         if schema is False:
-            return GrammarRefused("llguidance cannot enforce this JSON schema: false allows no value at /")
+            raise GrammarRefused("llguidance cannot enforce this JSON schema: false allows no value at /")
         schema = {} if schema is True else schema
         problems = unenforced(schema)
         schema = with_exact_formats(without_annotations(schema))
@@ -132,7 +116,7 @@ class LLGuidanceEngine:
             if schema is None:
                 break
         if problems:
-            return GrammarRefused("llguidance cannot enforce this JSON schema: " + "; ".join(problems))
+            raise GrammarRefused("llguidance cannot enforce this JSON schema: " + "; ".join(problems))
         return LLGuidanceCompiled(self._tokenizer, grammar)
 
     @staticmethod

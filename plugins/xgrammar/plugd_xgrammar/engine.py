@@ -14,21 +14,16 @@ Choices, for every schema alike:
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from functools import cache
-from typing import Any
 
 import numpy as np
 import xgrammar as xgr
 
 from plugd.json_schema import with_exact_formats
-from plugd.runner_api import GrammarRefused, GrammarVocabulary
+from plugd.runner_api import GrammarRefused, GrammarVocabulary, SchemaCache
 from plugd.schema_rewrites import rewritten
 from plugd_xgrammar.coverage import unenforced_features
 from plugd_xgrammar.native_log import native_message, with_native_warnings
-
-ANY_JSON_OBJECT = {"type": "object"}
-CACHED_GRAMMARS = 64
 
 
 class XGrammarMatcher:
@@ -51,8 +46,8 @@ class XGrammarCompiled:
 
 
 class XGrammarEngine:
-    """One model's compiler; it keeps the last CACHED_GRAMMARS compiled formats (and refusals) by their JSON,
-    with the token masks their requests have worked out so far."""
+    """One model's compiler; it keeps the last compiled schemas (and refusals) in a SchemaCache, with the token
+    masks their requests have worked out so far."""
 
     def __init__(self, vocabulary: GrammarVocabulary):
         info = xgr.TokenizerInfo(vocabulary.token_bytes, xgr.VocabType.RAW, vocab_size=vocabulary.width,
@@ -60,31 +55,14 @@ class XGrammarEngine:
         # Token masks are worked out per grammar state on first use, not all at compile time: a large
         # vocabulary makes the eager way take seconds to a minute per schema, and a request visits few states.
         self._compiler = xgr.GrammarCompiler(info, cache_enabled=False, enable_dynamic_compilation=True)
-        self._cache: OrderedDict[str, XGrammarCompiled | GrammarRefused] = OrderedDict()
+        self.compile = SchemaCache(self._compile).compile
 
-    def compile(self, kind: str, format: Any) -> XGrammarCompiled:
-        schema = ANY_JSON_OBJECT if kind == "json" else format
-        if not isinstance(schema, dict | bool):
-            raise GrammarRefused(f"a JSON schema must be an object or a boolean, not {type(schema).__name__}")
-        key = json.dumps(schema, sort_keys=True)
-        result = self._cache.pop(key, None) or self._compile(key)
-        self._cache[key] = result
-        while len(self._cache) > CACHED_GRAMMARS:
-            self._cache.popitem(last=False)
-        if isinstance(result, GrammarRefused):
-            raise result
-        return result
-
-    def _compile(self, key: str) -> XGrammarCompiled | GrammarRefused:
-        try:
-            return XGrammarCompiled(self._compiler.compile_grammar(to_grammar(key)))
-        except GrammarRefused as refusal:
-            return refusal
+    def _compile(self, schema: dict | bool) -> XGrammarCompiled:
+        return XGrammarCompiled(self._compiler.compile_grammar(to_grammar(schema)))
 
 
-def to_grammar(schema_json: str) -> xgr.Grammar:
+def to_grammar(schema: dict | bool) -> xgr.Grammar:
     """xgrammar's grammar for a JSON schema, or GrammarRefused naming what it would not enforce."""
-    schema = json.loads(schema_json)
     problems = unenforced_features(schema, format_enforced)  # named in the schema as written
     exact = json.dumps(with_exact_formats(rewritten(schema, false_schemas=False)))  # xgrammar refuses `false`
     try:
