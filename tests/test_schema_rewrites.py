@@ -10,6 +10,7 @@ from plugd.runner_api import GrammarRefused
 from plugd.schema_rewrites import rewritten
 from plugd.testing.grammar import BYTES, accepts
 from plugd_llguidance.engine import LLGuidanceEngine
+from plugd_xgrammar.engine import XGrammarEngine
 
 P = {"a": {"type": "string"}, "b": {"type": "integer"}, "c": {"type": "string"}}
 OBJECTS = [{}, {"a": "x"}, {"b": 1}, {"a": "x", "b": 1}, {"a": "x", "c": "y"}, {"a": "x", "b": 1, "c": "y"},
@@ -19,7 +20,22 @@ CONDITIONED = [{}, {"a": "s"}, {"a": "s", "c": "x"}, {"a": "s", "c": "y"}, {"a":
                {"b": 1, "c": "x"}, {"a": "s", "c": "z"}, {"a": "s", "b": 1}]
 DRAFT_7 = "http://json-schema.org/draft-07/schema#"  # where `dependencies` is a keyword
 
-EXACT = [  # (rule, schema, the keyword it takes away, instances)
+EXACT = [  # (rule, schema, the keyword it takes away, instances); every engine that compiles it must be exact
+    ("allOf of object parts", {"type": "object", "allOf": [
+        {"$ref": "#/$defs/named"}, {"properties": {"b": P["b"]}, "required": ["b"], "title": "with b"}],
+        "$defs": {"named": {"type": "object", "properties": {"a": P["a"]}, "required": ["a"]}}},
+     "allOf", [*OBJECTS, {"a": 1, "b": 1}, {"a": "x", "b": "y"}, 1]),
+    ("allOf of ranges", {"allOf": [{"type": "integer"}, {"minimum": 2}, {"maximum": 4}]}, "allOf",
+     [1, 2, 4, 5, 3.5, "3"]),
+    ("allOf with false", {"type": "object", "properties": {"a": {"allOf": [P["a"], False]}}}, "allOf",
+     [{}, {"a": "x"}]),
+    ("whole multipleOf on a number", {"type": "number", "multipleOf": 2}, "number", [0, 2, 4, 3, 2.5, -2]),
+    ("multipleOf 1 on a number, bounded below", {"type": "number", "multipleOf": 1, "minimum": 0}, "multipleOf",
+     [0, 1, 7, -1, 0.5]),
+    ("multipleOf in a range", {"type": "integer", "multipleOf": 5, "exclusiveMinimum": 0, "maximum": 20.5}, "multipleOf",
+     [0, 5, 20, 25, 7, -5]),
+    ("multipleOf on a number in a range", {"type": "number", "multipleOf": 3.0, "minimum": -3.5, "maximum": 6},
+     "multipleOf", [-3, 0, 6, 9, -6, 1]),
     ("not {} allows nothing", {"type": "object", "properties": {"a": {"not": {}}, "b": P["b"]}}, "not", OBJECTS),
     ("not required: absent", {"type": "object", "properties": P, "not": {"required": ["a"]}}, "not", VALUES),
     ("dependentRequired", {"type": "object", "properties": P, "dependentRequired": {"a": ["b"]}},
@@ -47,7 +63,10 @@ EXACT = [  # (rule, schema, the keyword it takes away, instances)
                                              "additionalProperties": False}]},
      "oneOf", [{"ref": "x"}, {"a": "x"}, {"ref": "x", "a": "x"}, {}]),
 ]
-KEPT = [  # (why the rewrite would not be exact, schema, the keyword left for the engine)
+# The rewrites that bring a schema within xgrammar's reach (it refuses the rest for their `false` subschemas).
+XGRAMMAR_TOO = {"allOf of object parts", "allOf of ranges", "whole multipleOf on a number", "multipleOf in a range",
+                "multipleOf 1 on a number, bounded below", "multipleOf on a number in a range"}
+KEPT = [  # (why the rewrite would not be exact, schema, the keyword left for the engine to refuse)
     ("not of more than a key", {"type": "object", "properties": P, "not": {"required": ["a"], "minProperties": 2}},
      "not"),
     ("not required on an untyped schema (it also refuses non-objects)", {"properties": P, "not": {"required": ["a"]}},
@@ -72,26 +91,56 @@ KEPT = [  # (why the rewrite would not be exact, schema, the keyword left for th
 ]
 
 
+# Left for xgrammar, which refuses allOf of several parts and multipleOf on numbers.
+KEPT_FOR_XGRAMMAR = [
+    ("allOf: additionalProperties in one part, properties in another", {"allOf": [
+        {"type": "object", "properties": {"a": P["a"]}, "additionalProperties": False},
+        {"properties": {"b": P["b"]}}]}, "allOf"),
+    ("allOf: the same keyword with two values", {"allOf": [{"type": "integer", "minimum": 1}, {"minimum": 2}]},
+     "allOf"),
+    ("allOf: a part that is a remote $ref", {"allOf": [{"type": "object"}, {"$ref": "https://example.com/s"}]},
+     "allOf"),
+    ("fractional multipleOf on a number", {"type": "number", "multipleOf": 0.5}, "multipleOf"),
+    ("multipleOf over too wide a range", {"type": "integer", "multipleOf": 2, "minimum": 0, "maximum": 100000},
+     "range"),
+]
+
+
 @pytest.fixture(scope="module")
-def engine():
-    return LLGuidanceEngine(BYTES)
+def engines():
+    return {"llguidance": LLGuidanceEngine(BYTES), "xgrammar": XGrammarEngine(BYTES)}
 
 
 @pytest.mark.parametrize(("rule", "schema", "keyword", "instances"), EXACT, ids=[case[0] for case in EXACT])
-def test_a_rewrite_is_exact(engine, rule, schema, keyword, instances):
+def test_a_rewrite_is_exact(engines, rule, schema, keyword, instances):
     after = rewritten(schema)
     assert keyword not in str(after)
     valid = [jsonschema.validators.validator_for(schema)(schema).is_valid(instance) for instance in instances]
     assert [jsonschema.validators.validator_for(after)(after).is_valid(instance) for instance in instances] == valid
     assert True in valid and False in valid  # the instances tell the schema's yes from its no
-    assert [accepts(engine, schema, instance) for instance in instances] == valid
+    served = []
+    for name, engine in engines.items():
+        try:
+            engine.compile("json_schema", schema)
+        except GrammarRefused:
+            continue
+        served.append(name)
+        assert [accepts(engine, schema, instance) for instance in instances] == valid, name
+    assert "llguidance" in served and (rule not in XGRAMMAR_TOO or "xgrammar" in served)
 
 
 @pytest.mark.parametrize(("why", "schema", "keyword"), KEPT, ids=[case[0] for case in KEPT])
-def test_what_cannot_be_rewritten_exactly_is_left_and_refused(engine, why, schema, keyword):
+def test_what_cannot_be_rewritten_exactly_is_left_and_refused(engines, why, schema, keyword):
     assert rewritten(schema) == schema
     with pytest.raises(GrammarRefused, match=f"'{keyword}'"):
-        engine.compile("json_schema", schema)
+        engines["llguidance"].compile("json_schema", schema)
+
+
+@pytest.mark.parametrize(("why", "schema", "keyword"), KEPT_FOR_XGRAMMAR, ids=[case[0] for case in KEPT_FOR_XGRAMMAR])
+def test_what_xgrammar_cannot_take_unmerged_is_left_and_refused(engines, why, schema, keyword):
+    assert rewritten(schema, false_schemas=False) == schema
+    with pytest.raises(GrammarRefused, match=keyword):
+        engines["xgrammar"].compile("json_schema", schema)
 
 
 def test_the_schema_given_is_left_as_it_was():

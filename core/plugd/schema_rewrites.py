@@ -12,6 +12,12 @@ original) or is not made, leaving the keyword for the engine to refuse by name:
   perhaps with `required: [k]`), on an object schema that lists that property's values itself, becomes an
   `anyOf`: the values the test passes with `then`, the others with `else`, an absent `k` with `then` (with
   `else` if the test requires `k`).
+- `allOf` is merged into its schema where no two parts bring the same keyword with different values (but
+  `required` lists, and `properties` naming different properties) nor keywords that read one another
+  (`additionalProperties` and `properties`, `items` and `prefixItems`, ...), and no part is a `$ref` beyond a
+  local definition.
+- `type: number` with a whole-number `multipleOf` is `type: integer` (and `multipleOf: 1` says nothing more);
+  bounded on both sides, with at most MAX_LISTED_MULTIPLES multiples in range, it is the `enum` of them.
 - A `oneOf` whose branches are provably disjoint (no instance could match two: their types differ, or one
   requires a key the other forbids, or both require a key whose allowed `const`/`enum` values differ) is the
   `anyOf` of the same branches.
@@ -21,28 +27,44 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from plugd.json_schema import transformed
 
 MAX_DEPENDENCIES = 3
+MAX_LISTED_MULTIPLES = 256
 _ALL_TYPES = frozenset({"null", "boolean", "number", "string", "array", "object"})
 # Keywords whose meaning depends on the property names beside them in the same schema.
 _JUDGE_BY_NAMES = frozenset({"additionalProperties", "patternProperties", "unevaluatedProperties", "propertyNames"})
+# Keywords that only annotate: a merge drops a branch's.
+_ANNOTATIONS = frozenset({"title", "description", "$comment", "default", "examples", "deprecated", "readOnly",
+                          "writeOnly"})
+# Keywords that read one another within a schema object: a merge takes each group from one part only (several
+# parts may bring `properties` alone, naming different properties).
+_READ_TOGETHER = (_JUDGE_BY_NAMES | {"properties"}, frozenset({"items", "prefixItems", "additionalItems",
+                  "unevaluatedItems"}), frozenset({"contains", "minContains", "maxContains"}),
+                  frozenset({"if", "then", "else"}))
 _LOCAL_REF = re.compile(r"^#/(definitions|\$defs)/([^/]+)$")
 
 
 def rewritten(schema: Any, false_schemas: bool = True) -> Any:
     """`schema` with every exact rewrite above made (a new object; `schema` is left as it is). An engine that
     does not take `false` as a subschema passes `false_schemas=False`, and gets none of the rewrites that would
-    write one (all but the last), so that it refuses the keywords the schema's author wrote."""
+    write one (the `not`, conditional and dependency ones), so that it refuses the keywords the schema's author wrote."""
     if not isinstance(schema, dict):
         return schema
     return transformed(schema, lambda node: _rewrite(node, schema, false_schemas))
 
 
 def _rewrite(node: dict[str, Any], root: dict[str, Any], false_schemas: bool) -> dict[str, Any] | bool:
+    if isinstance(node.get("allOf"), list) and (merged := _all_of_merged(node, root)) is not None:
+        if merged is False:
+            return False
+        node = merged
+    _integer_multiples(node)
     if false_schemas:
         if node.get("not") in ({}, True):
             return False
@@ -52,6 +74,76 @@ def _rewrite(node: dict[str, Any], root: dict[str, Any], false_schemas: bool) ->
     if isinstance(node.get("oneOf"), list) and "anyOf" not in node and _pairwise_disjoint(node["oneOf"], root):
         node["anyOf"] = node.pop("oneOf")
     return node
+
+
+def _all_of_merged(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any] | bool | None:
+    """`node` with its allOf branches merged into it; None where the merge would not be exact."""
+    parts = [{key: value for key, value in node.items() if key != "allOf"}]
+    for branch in (_resolved(branch, root) for branch in node["allOf"]):
+        if branch is False:
+            return False
+        if branch is not True:
+            if not isinstance(branch, dict) or branch.keys() & {"$id", "id"}:
+                return None  # an $id would move the base its $refs resolve against
+            parts.append({key: value for key, value in branch.items() if key not in _ANNOTATIONS})
+    if any("$ref" in part for part in parts):
+        return None  # beside a $ref, other keywords may not apply (drafts up to 7)
+    for together in _READ_TOGETHER:
+        holders = [part.keys() & together for part in parts if part.keys() & together]
+        if len(holders) > 1 and any(keys != {"properties"} for keys in holders):
+            return None
+    merged: dict[str, Any] = {}
+    for part in parts:
+        for key, value in part.items():
+            if key == "required" and isinstance(value, list) and isinstance(merged.get(key, []), list):
+                merged[key] = list(dict.fromkeys([*merged.get(key, []), *value]))
+            elif key == "properties" and key in merged:
+                if not isinstance(value, dict) or merged[key].keys() & value.keys():
+                    return None
+                merged[key] = {**merged[key], **value}
+            elif key in merged and merged[key] != value:
+                return None
+            else:
+                merged[key] = value
+    return merged
+
+
+def _integer_multiples(node: dict[str, Any]) -> None:
+    step = node.get("multipleOf")
+    if not (isinstance(step, int | float) and not isinstance(step, bool) and step > 0 and float(step).is_integer()):
+        return
+    if node.get("type") == "number":
+        node["type"] = "integer"  # a multiple of a whole number is a whole number
+    if node.get("type") == "integer" and step == 1:
+        del node["multipleOf"]  # every integer is a multiple of 1
+        return
+    low, high = _integer_bounds(node)
+    if node.get("type") == "integer" and low is not None and high is not None and low <= high and "enum" not in node:
+        step = int(step)
+        first = -(-low // step) * step
+        if (high - first) // step < MAX_LISTED_MULTIPLES:
+            for keyword in ("multipleOf", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+                node.pop(keyword, None)
+            node["enum"] = list(range(first, high + 1, step))
+
+
+def _integer_bounds(node: dict[str, Any]) -> tuple[int | None, int | None]:
+    """The least and greatest integers `node`'s bounds allow (None where unbounded or unreadable)."""
+    if any(isinstance(node.get(bound), bool) for bound in ("exclusiveMinimum", "exclusiveMaximum")):
+        return None, None  # draft-04's flags: left to the engine, which refuses them
+    def bound(inclusive: str, exclusive: str, rounding: Callable[[float], int], past: int) -> int | None:
+        found = []
+        if _is_number(node.get(inclusive)):
+            found.append(rounding(node[inclusive]))
+        if _is_number(node.get(exclusive)):
+            value = node[exclusive]
+            found.append(rounding(value) + past if float(value).is_integer() else rounding(value))
+        return (max if past > 0 else min)(found) if found else None
+    return (bound("minimum", "exclusiveMinimum", math.ceil, 1), bound("maximum", "exclusiveMaximum", math.floor, -1))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _absence_from_not(node: dict[str, Any]) -> None:

@@ -63,8 +63,9 @@ class XGrammarEngine:
 
 def to_grammar(schema: dict | bool) -> xgr.Grammar:
     """xgrammar's grammar for a JSON schema, or GrammarRefused naming what it would not enforce."""
-    problems = unenforced_features(schema, format_enforced)  # named in the schema as written
-    exact = json.dumps(with_exact_formats(rewritten(schema, false_schemas=False)))  # xgrammar refuses `false`
+    schema = rewritten(schema, false_schemas=False)  # xgrammar refuses `false` subschemas
+    problems = unenforced_features(schema, format_enforced)
+    exact = json.dumps(with_exact_formats(schema))
     try:
         grammar, warnings = with_native_warnings(lambda: _convert(exact))
         problems += warnings

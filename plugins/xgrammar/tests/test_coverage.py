@@ -48,12 +48,15 @@ REFUSED = [  # (schema, words the refusal names)
     ({"type": "string", "anyOf": [{"minLength": 1}]}, "keywords beside 'anyOf' (type) at /"),
     ({"type": "object", "properties": P, "additionalProperties": False, "anyOf": [{"required": ["a"]}]},
      "keywords beside 'anyOf' (additionalProperties, properties, type) at /"),
-    ({"oneOf": [{"type": "integer"}, {"type": "string"}], "minimum": 5}, "keywords beside 'oneOf' (minimum) at /"),
-    ({"type": "object", "properties": P, "allOf": [{"required": ["a"]}]}, "keywords beside 'allOf' (properties, type)"),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}], "minimum": 5}, "keywords beside 'oneOf' (minimum) at /"),
+    # a oneOf of disjoint branches is an anyOf by then (plugd.schema_rewrites), and is named so
+    ({"oneOf": [{"type": "integer"}, {"type": "string"}], "minimum": 5}, "keywords beside 'anyOf' (minimum) at /"),
+    ({"type": "object", "properties": P, "additionalProperties": False, "allOf": [{"properties": {"c": {}}}]},
+     "keywords beside 'allOf' (additionalProperties, properties, type)"),  # not merged: see plugd.schema_rewrites
     # the rest come from xgrammar's own warnings or errors
     ({"type": "string", "pattern": "^(?!a)\\w+$"}, "Lookahead"),
     ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf with overlapping"),
-    ({"allOf": [{"type": "integer"}, {"minimum": 3}]}, "allOf"),
+    ({"allOf": [{"type": "integer", "minimum": 1}, {"minimum": 3}]}, "allOf"),
     ({"type": "number", "multipleOf": 0.5}, "multipleOf"),
     ({"type": "string", "pattern": "^a+$", "minLength": 3}, "pattern combined with minLength"),
     ({"$ref": "http://example.com/remote.json"}, "URI"),
