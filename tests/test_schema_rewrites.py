@@ -29,6 +29,15 @@ EXACT = [  # (rule, schema, the keyword it takes away, instances); every engine 
      [1, 2, 4, 5, 3.5, "3"]),
     ("allOf with false", {"type": "object", "properties": {"a": {"allOf": [P["a"], False]}}}, "allOf",
      [{}, {"a": "x"}]),
+    ("keywords beside anyOf, into its branches", {"type": "string", "anyOf": [{"minLength": 2}, {"const": "a"}]},
+     "'type': 'string', 'anyOf'", ["a", "ab", "", "b", 1, None]),
+    ("properties beside oneOf, into its branches", {
+        "type": "object", "properties": {"kind": {"enum": ["a", "b"]}, "n": P["b"], "s": P["a"]},
+        "required": ["kind"], "additionalProperties": False,
+        "oneOf": [{"properties": {"kind": {"const": "a"}, "n": P["b"]}, "required": ["n"]},
+                  {"properties": {"kind": {"const": "b"}, "s": {"minLength": 1}}}]},
+     "oneOf", [{"kind": "a", "n": 1}, {"kind": "a"}, {"kind": "b"}, {"kind": "b", "s": ""}, {"kind": "b", "s": "x"},
+               {"n": 1}, {"kind": "a", "n": 1, "z": 1}, {"kind": "c"}]),
     ("whole multipleOf on a number", {"type": "number", "multipleOf": 2}, "number", [0, 2, 4, 3, 2.5, -2]),
     ("multipleOf 1 on a number, bounded below", {"type": "number", "multipleOf": 1, "minimum": 0}, "multipleOf",
      [0, 1, 7, -1, 0.5]),
@@ -64,7 +73,8 @@ EXACT = [  # (rule, schema, the keyword it takes away, instances); every engine 
      "oneOf", [{"ref": "x"}, {"a": "x"}, {"ref": "x", "a": "x"}, {}]),
 ]
 # The rewrites that bring a schema within xgrammar's reach (it refuses the rest for their `false` subschemas).
-XGRAMMAR_TOO = {"allOf of object parts", "allOf of ranges", "whole multipleOf on a number", "multipleOf in a range",
+XGRAMMAR_TOO = {"keywords beside anyOf, into its branches", "properties beside oneOf, into its branches",
+                "allOf of object parts", "allOf of ranges", "whole multipleOf on a number", "multipleOf in a range",
                 "multipleOf 1 on a number, bounded below", "multipleOf on a number in a range"}
 KEPT = [  # (why the rewrite would not be exact, schema, the keyword left for the engine to refuse)
     ("not of more than a key", {"type": "object", "properties": P, "not": {"required": ["a"], "minProperties": 2}},

@@ -16,6 +16,8 @@ original) or is not made, leaving the keyword for the engine to refuse by name:
   `required` lists, and `properties` naming different properties) nor keywords that read one another
   (`additionalProperties` and `properties`, `items` and `prefixItems`, ...), and no part is a `$ref` beyond a
   local definition.
+- The other keywords of a schema with an `anyOf` or a `oneOf` go into each branch, where those merges are exact
+  as above (A and (B or C) is (A and B) or (A and C)), for engines that read a combinator's branches alone.
 - `type: number` with a whole-number `multipleOf` is `type: integer` (and `multipleOf: 1` says nothing more);
   bounded on both sides, with at most MAX_LISTED_MULTIPLES multiples in range, it is the `enum` of them.
 - A `oneOf` whose branches are provably disjoint (no instance could match two: their types differ, or one
@@ -36,17 +38,18 @@ from plugd.json_schema import transformed
 
 MAX_DEPENDENCIES = 3
 MAX_LISTED_MULTIPLES = 256
+MAX_DISTRIBUTED = 16
 _ALL_TYPES = frozenset({"null", "boolean", "number", "string", "array", "object"})
 # Keywords whose meaning depends on the property names beside them in the same schema.
 _JUDGE_BY_NAMES = frozenset({"additionalProperties", "patternProperties", "unevaluatedProperties", "propertyNames"})
 # Keywords that only annotate: a merge drops a branch's.
 _ANNOTATIONS = frozenset({"title", "description", "$comment", "default", "examples", "deprecated", "readOnly",
                           "writeOnly"})
-# Keywords that read one another within a schema object: a merge takes each group from one part only (several
-# parts may bring `properties` alone, naming different properties).
-_READ_TOGETHER = (_JUDGE_BY_NAMES | {"properties"}, frozenset({"items", "prefixItems", "additionalItems",
-                  "unevaluatedItems"}), frozenset({"contains", "minContains", "maxContains"}),
-                  frozenset({"if", "then", "else"}))
+# Keywords that read one another within a schema object: a merge takes each group from one part only.
+_READ_TOGETHER = (frozenset({"items", "prefixItems", "additionalItems", "unevaluatedItems"}),
+                  frozenset({"contains", "minContains", "maxContains"}), frozenset({"if", "then", "else"}))
+# What stays on a schema whose other keywords go into its branches: annotations, and what sets where $refs lead.
+_STAYING = _ANNOTATIONS | {"$schema", "$id", "id", "definitions", "$defs"}
 _LOCAL_REF = re.compile(r"^#/(definitions|\$defs)/([^/]+)$")
 
 
@@ -71,6 +74,10 @@ def _rewrite(node: dict[str, Any], root: dict[str, Any], false_schemas: bool) ->
         _absence_from_not(node)
         _conditional_as_branches(node)
         _dependencies_as_branches(node)
+    if (distributed := _distributed(node, root)) is not None:
+        if distributed is False:
+            return False
+        node = distributed
     if isinstance(node.get("oneOf"), list) and "anyOf" not in node and _pairwise_disjoint(node["oneOf"], root):
         node["anyOf"] = node.pop("oneOf")
     return node
@@ -86,26 +93,74 @@ def _all_of_merged(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]
             if not isinstance(branch, dict) or branch.keys() & {"$id", "id"}:
                 return None  # an $id would move the base its $refs resolve against
             parts.append({key: value for key, value in branch.items() if key not in _ANNOTATIONS})
+    return _merged_parts(parts)
+
+
+def _distributed(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any] | bool | None:
+    """`node`'s other keywords merged into each branch of its anyOf or oneOf (A and (B or C) is (A and B) or
+    (A and C); exactly one of B, C given A is exactly one of A and B, A and C); None where a merge is not exact."""
+    [combinator] = [key for key in ("anyOf", "oneOf") if isinstance(node.get(key), list)] or [None]
+    if combinator is None or "anyOf" in node and "oneOf" in node or len(node[combinator]) > MAX_DISTRIBUTED:
+        return None
+    staying = {key: value for key, value in node.items() if key in _STAYING}
+    shared = {key: value for key, value in node.items() if key not in _STAYING and key != combinator}
+    if not shared:
+        return None
+    branches = []
+    for branch in (_resolved(branch, root) for branch in node[combinator]):
+        if not isinstance(branch, dict | bool) or isinstance(branch, dict) and branch.keys() & {"$id", "id"}:
+            return None
+        merged = shared if branch is True else False if branch is False else _merged_parts([shared, branch])
+        if merged is None:
+            return None
+        if merged is not False:
+            branches.append(merged)
+    return {**staying, combinator: branches} if branches else False
+
+
+def _merged_parts(parts: list[dict[str, Any]]) -> dict[str, Any] | bool | None:
+    """One schema that allows what every part allows, or None where this merge would not be exact."""
     if any("$ref" in part for part in parts):
         return None  # beside a $ref, other keywords may not apply (drafts up to 7)
+    # additionalProperties and its kin judge names by the `properties` beside them: the names others bring in
+    # must be ones the judging part declares already.
+    judges = [part for part in parts if part.keys() & _JUDGE_BY_NAMES]
+    if len(judges) > 1 or judges and any(
+            not isinstance(part.get("properties", {}), dict)
+            or not part.get("properties", {}).keys() <= judges[0].get("properties", {}).keys()
+            for part in parts if part is not judges[0]):
+        return None
     for together in _READ_TOGETHER:
-        holders = [part.keys() & together for part in parts if part.keys() & together]
-        if len(holders) > 1 and any(keys != {"properties"} for keys in holders):
+        if len([part for part in parts if part.keys() & together]) > 1:
             return None
     merged: dict[str, Any] = {}
     for part in parts:
         for key, value in part.items():
-            if key == "required" and isinstance(value, list) and isinstance(merged.get(key, []), list):
-                merged[key] = list(dict.fromkeys([*merged.get(key, []), *value]))
-            elif key == "properties" and key in merged:
-                if not isinstance(value, dict) or merged[key].keys() & value.keys():
-                    return None
-                merged[key] = {**merged[key], **value}
-            elif key in merged and merged[key] != value:
-                return None
-            else:
+            if key not in merged or merged[key] == value:
                 merged[key] = value
+            elif key == "required" and isinstance(value, list) and isinstance(merged[key], list):
+                merged[key] = list(dict.fromkeys([*merged[key], *value]))
+            elif key == "properties" and isinstance(value, dict):
+                properties = dict(merged[key])
+                for name, schema in value.items():
+                    if (both := _both(properties[name], schema) if name in properties else schema) is None:
+                        return None
+                    properties[name] = both
+                merged[key] = properties
+            else:
+                return None
     return merged
+
+
+def _both(a: Any, b: Any) -> Any:
+    """One schema for what `a` and `b` both allow; None where it is not at hand."""
+    if a is False or b is False:
+        return False
+    if a is True or a == b:
+        return b
+    if b is True:
+        return a
+    return _merged_parts([a, b]) if isinstance(a, dict) and isinstance(b, dict) else None
 
 
 def _integer_multiples(node: dict[str, Any]) -> None:
