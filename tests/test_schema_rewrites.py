@@ -38,6 +38,11 @@ EXACT = [  # (rule, schema, the keyword it takes away, instances); every engine 
                   {"properties": {"kind": {"const": "b"}, "s": {"minLength": 1}}}]},
      "oneOf", [{"kind": "a", "n": 1}, {"kind": "a"}, {"kind": "b"}, {"kind": "b", "s": ""}, {"kind": "b", "s": "x"},
                {"n": 1}, {"kind": "a", "n": 1, "z": 1}, {"kind": "c"}]),
+    ("oneOf of closed objects that share only {}", {"oneOf": [
+        {"type": "object", "properties": {"foo": P["a"]}, "additionalProperties": False},
+        {"type": "object", "properties": {"bar": P["a"]}, "additionalProperties": False},
+        {"type": "array"}]},
+     "oneOf", [{}, {"foo": "x"}, {"bar": "y"}, {"foo": "x", "bar": "y"}, {"z": 1}, [], "s"]),
     ("whole multipleOf on a number", {"type": "number", "multipleOf": 2}, "number", [0, 2, 4, 3, 2.5, -2]),
     ("multipleOf 1 on a number, bounded below", {"type": "number", "multipleOf": 1, "minimum": 0}, "multipleOf",
      [0, 1, 7, -1, 0.5]),
@@ -91,9 +96,9 @@ KEPT = [  # (why the rewrite would not be exact, schema, the keyword left for th
     ("then that judges properties by the names beside it", {
         "type": "object", "properties": {"a": P["a"], "c": {"enum": ["x", "y"]}},
         "if": {"properties": {"c": {"const": "x"}}}, "then": {"additionalProperties": False}}, "if"),
-    ("oneOf whose branches overlap ({} is both)", {"oneOf": [
-        {"type": "object", "properties": {"a": P["a"]}, "additionalProperties": False},
-        {"type": "object", "properties": {"b": P["b"]}, "additionalProperties": False}]}, "oneOf"),
+    ("oneOf of closed objects naming a property both", {"oneOf": [
+        {"type": "object", "properties": {"foo": P["a"], "bar": P["b"]}, "additionalProperties": False},
+        {"type": "object", "properties": {"bar": P["b"]}, "additionalProperties": False}]}, "oneOf"),
     ("oneOf with integer and number", {"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf"),
     ("oneOf whose discriminators share a value", {"oneOf": [
         {"type": "object", "properties": {"k": {"enum": [1, 2]}}, "required": ["k"]},

@@ -20,6 +20,8 @@ original) or is not made, leaving the keyword for the engine to refuse by name:
   as above (A and (B or C) is (A and B) or (A and C)), for engines that read a combinator's branches alone.
 - `type: number` with a whole-number `multipleOf` is `type: integer` (and `multipleOf: 1` says nothing more);
   bounded on both sides, with at most MAX_LISTED_MULTIPLES multiples in range, it is the `enum` of them.
+- A `oneOf` of closed objects (`additionalProperties: false`) naming different properties, where {} is all
+  two branches can share, is the `anyOf` of the branches with `minProperties: 1` added where several allow {}.
 - A `oneOf` whose branches are provably disjoint (no instance could match two: their types differ, or one
   requires a key the other forbids, or both require a key whose allowed `const`/`enum` values differ) is the
   `anyOf` of the same branches.
@@ -78,8 +80,12 @@ def _rewrite(node: dict[str, Any], root: dict[str, Any], false_schemas: bool) ->
         if distributed is False:
             return False
         node = distributed
-    if isinstance(node.get("oneOf"), list) and "anyOf" not in node and _pairwise_disjoint(node["oneOf"], root):
-        node["anyOf"] = node.pop("oneOf")
+    if isinstance(node.get("oneOf"), list) and "anyOf" not in node:
+        if _pairwise_disjoint(node["oneOf"], root):
+            node["anyOf"] = node.pop("oneOf")
+        elif (branches := _without_shared_empty_object(node["oneOf"], root)) is not None:
+            del node["oneOf"]
+            node["anyOf"] = branches
     return node
 
 
@@ -302,6 +308,39 @@ def _dependencies_as_branches(node: dict[str, Any]) -> None:
 def _pairwise_disjoint(branches: list[Any], root: dict[str, Any]) -> bool:
     shapes = [_resolved(branch, root) for branch in branches]
     return all(_disjoint(a, b) for a, b in itertools.combinations(shapes, 2))
+
+
+def _without_shared_empty_object(branches: list[Any], root: dict[str, Any]) -> list[Any] | None:
+    """Where every two branches are disjoint or closed objects naming different properties (so that {} is all
+    they share), the branches without {} where several allow it; None where that is not so."""
+    shapes = [_resolved(branch, root) for branch in branches]
+    if not all(_disjoint(a, b) or _share_only_the_empty_object(a, b) for a, b in itertools.combinations(shapes, 2)):
+        return None
+    allowing = [i for i, shape in enumerate(shapes) if _allows_the_empty_object(shape)]
+    if len(allowing) < 2:
+        return list(branches)
+    return [{**shape, "minProperties": 1} if i in allowing else branches[i] for i, shape in enumerate(shapes)]
+
+
+def _share_only_the_empty_object(a: Any, b: Any) -> bool:
+    closed = [_closed_object_names(shape) for shape in (a, b)]
+    return None not in closed and not closed[0] & closed[1]
+
+
+def _closed_object_names(shape: Any) -> set[str] | None:
+    """The properties an object valid under `shape` may have, where `shape` admits objects with those only."""
+    if (not isinstance(shape, dict) or _types(shape) != {"object"} or shape.get("additionalProperties") is not False
+            or shape.get("patternProperties") or "$ref" in shape or not isinstance(shape.get("properties", {}), dict)):
+        return None
+    return {name for name, schema in shape.get("properties", {}).items() if schema is not False}
+
+
+def _allows_the_empty_object(shape: Any) -> bool:
+    """Whether {} is valid under `shape`, known for certain (a shape with other keywords than these is not)."""
+    if not isinstance(shape, dict) or not shape.keys() <= _ANNOTATIONS | {
+            "type", "properties", "additionalProperties", "required", "minProperties", "maxProperties"}:
+        return False
+    return _types(shape) == {"object"} and not shape.get("required") and shape.get("minProperties", 0) == 0
 
 
 def _resolved(branch: Any, root: dict[str, Any]) -> Any:
