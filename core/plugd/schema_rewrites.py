@@ -227,10 +227,10 @@ def _conditional_as_branches(node: dict[str, Any]) -> None:
     then, otherwise = node.get("then", True), node.get("else", True)
     cases = [(then, [v for v in domain if _canonical(v) in tested]),
              (otherwise, [v for v in domain if _canonical(v) not in tested])]
-    branches = [_merged(case, {"properties": {key: {"enum": values}}, "required": [key]})
+    branches = [_both(case, {"properties": {key: {"enum": values}}, "required": [key]})
                 for case, values in cases if values]
     # Where the key is absent, the test holds unless it requires the key.
-    branches.append(_merged(otherwise if key_required else then, {"properties": {key: False}}))
+    branches.append(_both(otherwise if key_required else then, {"properties": {key: False}}))
     if None in branches or not (branches := [branch for branch in branches if branch is not False]):
         return
     for keyword in ("if", "then", "else"):
@@ -251,22 +251,6 @@ def _value_test(condition: Any) -> tuple[str, set[str], bool] | None:
             or required not in ([], [key])):
         return None
     return key, {_canonical(v) for v in values}, required == [key]
-
-
-def _merged(case: Any, constraint: dict[str, Any]) -> dict[str, Any] | bool | None:
-    """`case` (then or else) and `constraint` (properties and required) in one schema; None where the merge
-    would not be exact (a $ref, keys that judge properties by the names beside them, a property both name)."""
-    if case is True:
-        return constraint
-    if case is False:
-        return False
-    if (not isinstance(case, dict) or "$ref" in case or case.keys() & _JUDGE_BY_NAMES
-            or case.get("properties", {}).keys() & constraint.get("properties", {}).keys()):
-        return None
-    merged = {**case, "properties": {**case.get("properties", {}), **constraint["properties"]}}
-    if required := list(dict.fromkeys([*case.get("required", []), *constraint.get("required", [])])):
-        merged["required"] = required
-    return merged
 
 
 def _dependencies_as_branches(node: dict[str, Any]) -> None:
