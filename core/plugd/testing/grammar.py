@@ -2,15 +2,18 @@
 
 Each probe walks a byte-per-token vocabulary (`BYTES`) through an instance that breaks one keyword: where the
 grammar still lets it through, the engine does not enforce that keyword, and must refuse schemas using it.
+`GrammarEngineChecks` runs them all on an engine, as a pytest class a plugin's tests subclass.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import numpy as np
+import pytest
 
-from plugd.runner_api import Compiler, GrammarVocabulary
+from plugd.runner_api import Compiler, GrammarRefused, GrammarVocabulary
 
 STOP = 256
 BYTES = GrammarVocabulary([bytes([b]) for b in range(256)] + [b""], frozenset({STOP}))
@@ -65,3 +68,35 @@ ENFORCED = [  # (keyword, schema, an instance it rules out)
 # Dates and times the exact formats must let through (plugd.json_schema.with_exact_formats).
 REAL_DATES = [("date", "2024-02-29"), ("date", "2000-02-29"), ("date", "0004-12-31"),
               ("date-time", "1999-12-31T23:59:59.999+05:30"), ("time", "00:00:00Z")]
+
+
+class GrammarEngineChecks:
+    """The checks every JSON Schema engine passes. A plugin's test module subclasses it (`class TestMine(
+    GrammarEngineChecks)`) and sets `factory`, the engine's factory (called with `BYTES`); `refused_probes` names
+    the ENFORCED probes the engine refuses instead of enforcing."""
+
+    factory: Callable[[GrammarVocabulary], Compiler]
+    refused_probes: frozenset[str] = frozenset()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def engine(cls) -> Compiler:
+        return cls.factory(BYTES)
+
+    @pytest.mark.parametrize(("keyword", "schema", "breaking"), ENFORCED, ids=[case[0] for case in ENFORCED])
+    def test_each_keyword_is_enforced_or_refused(self, engine, keyword, schema, breaking):
+        if keyword in self.refused_probes:
+            with pytest.raises(GrammarRefused):
+                engine.compile("json_schema", schema)
+        else:
+            assert not accepts(engine, schema, breaking)
+
+    @pytest.mark.parametrize(("fmt", "value"), REAL_DATES)
+    def test_real_dates_and_times_get_through(self, engine, fmt, value):
+        assert accepts(engine, {"type": "string", "format": fmt}, value)
+
+    def test_annotations_and_unknown_formats_pass(self, engine):
+        schema = {"type": "object", "title": "t", "description": "d", "examples": [{"not": 1}], "default": {"not": 2},
+                  "properties": {"n": {"type": "string", "format": "int32", "x-custom": True, "enum": ["not", "if"]}}}
+        engine.compile("json_schema", schema)
+        assert accepts(engine, {"type": "string", "format": "html-selector"}, "div > p")

@@ -8,7 +8,7 @@ any of this fails here.
 import pytest
 
 from plugd.runner_api import GrammarRefused
-from plugd.testing.grammar import BYTES, ENFORCED, REAL_DATES, P, accepts
+from plugd.testing.grammar import BYTES, GrammarEngineChecks, P, accepts
 from plugd_llguidance.engine import LLGuidanceEngine
 
 # What llguidance enforces beyond the probes every engine passes.
@@ -28,8 +28,11 @@ ALSO_ENFORCED = [
 ]
 
 
-# Every engine's probes but the one llguidance refuses instead (propertyNames: see REFUSED).
-PROBES = [case for case in ENFORCED if case[0] != "propertyNames alone"] + ALSO_ENFORCED
+
+
+class TestEveryEngineChecks(GrammarEngineChecks):
+    factory = LLGuidanceEngine
+    refused_probes = frozenset({"propertyNames alone"})  # see REFUSED
 
 
 @pytest.fixture(scope="module")
@@ -37,14 +40,9 @@ def engine():
     return LLGuidanceEngine(BYTES)
 
 
-@pytest.mark.parametrize("keyword, schema, breaking", PROBES, ids=[case[0] for case in PROBES])
+@pytest.mark.parametrize("keyword, schema, breaking", ALSO_ENFORCED, ids=[case[0] for case in ALSO_ENFORCED])
 def test_llguidance_enforces(engine, keyword, schema, breaking):
     assert not accepts(engine, schema, breaking)
-
-
-@pytest.mark.parametrize("fmt, value", REAL_DATES)
-def test_real_dates_and_times_get_through(engine, fmt, value):
-    assert accepts(engine, {"type": "string", "format": fmt}, value)
 
 
 REFUSED = [  # (schema, words the refusal names)
@@ -83,13 +81,6 @@ def test_every_problem_is_named_not_only_the_first(engine):
     assert str(refusal.value) == ("llguidance cannot enforce this JSON schema: 'uniqueItems' at /properties/t; "
                                   "'not' at /properties/n; 'oneOf' whose branches it cannot prove exclusive at "
                                   "/properties/o")
-
-
-def test_annotations_and_unknown_formats_pass(engine):
-    schema = {"type": "object", "title": "t", "description": "d", "examples": [{"not": 1}], "default": {"not": 2},
-              "properties": {"n": {"type": "string", "format": "int32", "x-custom": True, "enum": ["not", "if"]}}}
-    engine.compile("json_schema", schema)
-    assert accepts(engine, {"type": "string", "format": "html-selector"}, "div > p")
 
 
 def test_json_is_written_compactly(engine):

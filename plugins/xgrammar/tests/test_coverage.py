@@ -7,23 +7,17 @@ accepts it, xgrammar does not enforce that keyword. A newer xgrammar that change
 import pytest
 
 from plugd.runner_api import GrammarRefused
-from plugd.testing.grammar import BYTES, ENFORCED, REAL_DATES, P, accepts
+from plugd.testing.grammar import BYTES, GrammarEngineChecks, P
 from plugd_xgrammar.engine import XGrammarEngine
+
+
+class TestEveryEngineChecks(GrammarEngineChecks):
+    factory = XGrammarEngine
 
 
 @pytest.fixture(scope="module")
 def engine():
     return XGrammarEngine(BYTES)
-
-
-@pytest.mark.parametrize("keyword, schema, breaking", ENFORCED, ids=[case[0] for case in ENFORCED])
-def test_xgrammar_enforces(engine, keyword, schema, breaking):
-    assert not accepts(engine, schema, breaking)
-
-
-@pytest.mark.parametrize("fmt, value", REAL_DATES)
-def test_real_dates_and_times_get_through(engine, fmt, value):
-    assert accepts(engine, {"type": "string", "format": fmt}, value)
 
 
 REFUSED = [  # (schema, words the refusal names)
@@ -74,10 +68,4 @@ def test_what_xgrammar_would_not_enforce_is_refused_by_name(engine, schema, name
 def test_draft_07_ignores_keywords_beside_ref_so_they_need_no_enforcing(engine):
     schema = {"$schema": "http://json-schema.org/draft-07/schema#", "$defs": {"d": {"type": "object"}},
               "properties": {"p": {"$ref": "#/$defs/d", "required": ["u"]}}}
-    engine.compile("json_schema", schema)
-
-
-def test_annotations_and_unknown_formats_pass(engine):
-    schema = {"type": "object", "title": "t", "description": "d", "examples": [{"not": 1}], "default": {"not": 2},
-              "properties": {"n": {"type": "string", "format": "int32", "x-custom": True, "enum": ["not", "if"]}}}
     engine.compile("json_schema", schema)
