@@ -24,7 +24,13 @@ from typing import Any
 import llguidance as llg
 import numpy as np
 
-from plugd.json_schema import PATTERNS, subschemas, with_exact_formats, without_annotations
+from plugd.json_schema import (
+    PATTERNS,
+    min_properties_met_by_repeats,
+    subschemas,
+    with_exact_formats,
+    without_annotations,
+)
 from plugd.runner_api import GrammarRefused, GrammarVocabulary, SchemaCache
 from plugd.schema_rewrites import rewritten
 
@@ -130,9 +136,7 @@ def unenforced(schema: dict) -> list[str]:
     problems = []
     for pointer, node in subschemas(schema):
         found = []
-        # A key beyond `properties` may repeat, and counts once in the parsed object: it could have too few.
-        if (isinstance(node.get("minProperties"), int) and node["minProperties"] > 1
-                and (node.get("additionalProperties", True) is not False or node.get("patternProperties"))):
+        if min_properties_met_by_repeats(node):
             found.append("'minProperties' beside keys beyond 'properties' (llguidance may repeat one)")
         if node.get("format") in PATTERNS and "pattern" in node:  # its own date grammars are loose
             found.append(f"format {node['format']!r} together with a pattern")
