@@ -2,8 +2,8 @@
 
 Plugins whose code runs in the runner (hooks `plugd_cache_policies`, `plugd_grammar_engines`) import from here,
 from `plugd.nn`, `plugd.json_schema`, `plugd.schema_rewrites` and `plugd.testing`, and from nothing else of
-plugd's: the rest may change. This module
-imports no MLX, so the daemon can read the descriptors' contract without it.
+plugd's: the rest may change. This module imports no MLX, so the daemon can read the descriptors' contract
+without it.
 
 ## Cache policies
 

@@ -216,9 +216,13 @@ async def _prepared(services: Services, request: ChatRequest) -> _Prepared:
     return _Prepared(model, options, keep_alive)
 
 
+def _load_only(request: ChatRequest) -> bool:
+    """Whether `request` has nothing to generate: it only loads its model, or unloads it (`_unloads`)."""
+    return not request.messages and not request.raw_prompt
+
+
 def _unloads(request: ChatRequest, keep_alive: float) -> bool:
-    """Whether `request` asks only for its model to be unloaded (nothing to generate, keep_alive 0)."""
-    return not request.messages and not request.raw_prompt and keep_alive == 0
+    return _load_only(request) and keep_alive == 0
 
 
 async def _whole_prompt(services: Services, model: ResolvedModel, request: ChatRequest) -> Prompt:
@@ -262,7 +266,7 @@ async def run(services: Services, request: ChatRequest,
     engines = grammar_engines(services.registry, request, services.settings.grammar_engines)
     prepared = await _prepared(services, request)
     model, options, keep_alive = prepared.model, prepared.options, prepared.keep_alive
-    load_only = not request.messages and not request.raw_prompt
+    load_only = _load_only(request)
     if _unloads(request, keep_alive):  # as Ollama: an unload request does not load a model to unload it
         await services.scheduler.unload(model.digest)
         yield Final(done_reason="unload", total_duration=time.perf_counter_ns() - started)
