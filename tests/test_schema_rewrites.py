@@ -3,6 +3,8 @@ has a schema it must leave alone for the engine to refuse."""
 
 from __future__ import annotations
 
+import json
+
 import jsonschema
 import pytest
 
@@ -19,6 +21,8 @@ VALUES = [*OBJECTS, None, 1, "s", [1], True]
 CONDITIONED = [{}, {"a": "s"}, {"a": "s", "c": "x"}, {"a": "s", "c": "y"}, {"a": "s", "b": 1, "c": "y"}, {"c": "x"},
                {"b": 1, "c": "x"}, {"a": "s", "c": "z"}, {"a": "s", "b": 1}]
 DRAFT_7 = "http://json-schema.org/draft-07/schema#"  # where `dependencies` is a keyword
+DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"  # where keywords beside a $ref apply
+UUID = "123e4567-e89b-12d3-a456-426614174000"
 
 EXACT = [  # (rule, schema, the keyword it takes away, instances); every engine that compiles it must be exact
     ("allOf of object parts", {"type": "object", "allOf": [
@@ -76,18 +80,62 @@ EXACT = [  # (rule, schema, the keyword it takes away, instances); every engine 
         "oneOf": [{"$ref": "#/$defs/ref"}, {"type": "object", "properties": {"a": P["a"]}, "required": ["a"],
                                              "additionalProperties": False}]},
      "oneOf", [{"ref": "x"}, {"a": "x"}, {"ref": "x", "a": "x"}, {}]),
+    ("allOf: one keyword in two parts", {"allOf": [
+        {"type": ["integer", "string"], "minimum": 1, "maxLength": 3}, {"type": "number", "minimum": 2, "maximum": 9}]},
+     "allOf", [1, 2, 9, 10, 2.5, "ab", None]),
+    ("allOf: items in two parts", {"allOf": [{"type": "array", "items": {"type": "integer"}}, {"items": {"minimum": 0}}]},
+     "allOf", [[], [1], [-1], [1.5], [0, 2]]),
+    ("listed values, the keywords beside applied to them", {
+        "type": "string", "enum": ["a", "bb", "ccc", 1], "minLength": 2, "not": {"enum": ["ccc"]}},
+     "not", ["a", "bb", "ccc", "dd", 1]),
+    ("listed values beside a oneOf: enums met, a branch that requires what it forbids", {
+        "type": "object", "properties": {"k": {"enum": ["a", "b", "c"]}, "n": P["b"]}, "required": ["k"],
+        "oneOf": [{"properties": {"k": {"enum": ["a", "x"]}}},
+                  {"properties": {"k": {"not": {"enum": ["a", "b"]}}}},
+                  {"properties": {"k": {"const": "x"}}}]},
+     "oneOf", [{"k": "a"}, {"k": "b"}, {"k": "c"}, {"k": "x"}, {}, {"k": "c", "n": 1}]),
+    ("dependencies on a schema and on a list", {"$schema": DRAFT_7, "type": "object", "properties": P,
+                                                "dependencies": {"a": {"required": ["b"]}, "c": ["a"]}},
+     "dependencies", OBJECTS),
+    ("dependentSchemas", {"type": "object", "properties": P, "dependentSchemas": {"a": {"properties": {"b": {"minimum": 2}}}}},
+     "dependentSchemas", [{}, {"a": "x"}, {"a": "x", "b": 1}, {"a": "x", "b": 3}, {"b": 1}]),
+    ("oneOf of equal branches allows nothing", {"type": "object", "properties": {
+        "a": P["a"], "b": {"oneOf": [{"type": "integer"}, {"type": "integer"}]}}},
+     "oneOf", [{}, {"a": "x"}, {"b": 1}, {"b": "s"}]),
+    ("not required of keys the schema requires allows nothing", {"type": "object", "properties": {
+        "a": P["a"], "b": {"type": "object", "required": ["x"], "not": {"required": ["x"]}}}},
+     "not", [{}, {"a": "x"}, {"b": {"x": 1}}, {"b": {}}]),
+    ("required keys beyond properties, named there", {
+        "type": "object", "properties": {"c": {}}, "required": ["a"], "additionalProperties": {"type": "integer"}},
+     None, [{}, {"a": 1}, {"c": 1}, {"a": "s"}, {"a": 1, "z": "s"}]),
+    ("minProperties the required keys meet", {"type": "object", "required": ["a", "b"], "minProperties": 2},
+     "minProperties", [{}, {"a": 1}, {"a": 1, "b": 2}, {"a": 1, "b": 2, "c": 3}]),
+    ("oneOf of branches about strings only", {"oneOf": [{"format": "uuid"}, {"pattern": "^\\$[A-Z]+"}]},
+     "oneOf", ["$AB", UUID, "x", "$", 1, None]),
+    ("unevaluatedProperties beside a part with additionalProperties", {
+        "$schema": DRAFT_2020_12, "$defs": {"open": {
+            "type": "object", "properties": {"a": P["a"]}, "additionalProperties": {"type": "integer"}}},
+        "$ref": "#/$defs/open", "unevaluatedProperties": False},
+     "unevaluated", [{"a": "x"}, {"a": 1}, {"z": 1}, {"z": "s"}]),
+    ("unevaluatedProperties with nothing applied in place", {
+        "type": "object", "properties": {"a": P["a"]}, "unevaluatedProperties": False},
+     "unevaluated", [{}, {"a": "x"}, {"z": 1}]),
+    ("$ref beside other keywords (2020-12)", {
+        "$schema": DRAFT_2020_12, "$defs": {"a": {"type": "object", "properties": {"a": P["a"]}, "required": ["a"]}},
+        "type": "object", "$ref": "#/$defs/a", "properties": {"b": P["b"]}, "required": ["b"]},
+     "$ref", OBJECTS),
 ]
 # The rewrites that bring a schema within xgrammar's reach (it refuses the rest for their `false` subschemas).
 XGRAMMAR_TOO = {"keywords beside anyOf, into its branches", "properties beside oneOf, into its branches",
                 "allOf of object parts", "allOf of ranges", "whole multipleOf on a number", "multipleOf in a range",
-                "multipleOf 1 on a number, bounded below", "multipleOf on a number in a range"}
+                "multipleOf 1 on a number, bounded below", "multipleOf on a number in a range",
+                "required keys beyond properties, named there", "minProperties the required keys meet",
+                "allOf: one keyword in two parts", "allOf: items in two parts"}
 KEPT = [  # (why the rewrite would not be exact, schema, the keyword left for the engine to refuse)
     ("not of more than a key", {"type": "object", "properties": P, "not": {"required": ["a"], "minProperties": 2}},
      "not"),
     ("not required on an untyped schema (it also refuses non-objects)", {"properties": P, "not": {"required": ["a"]}},
      "not"),
-    ("dependencies on a schema", {"type": "object", "properties": P, "dependencies": {"a": {"required": ["b"]}}},
-     "dependencies"),
     ("more dependencies than MAX_DEPENDENCIES", {"type": "object", "dependentRequired": {
         "a": ["z"], "b": ["z"], "c": ["z"], "d": ["z"]}}, "dependentRequired"),
     ("if on a property whose values the schema does not list", {"type": "object", "properties": P,
@@ -103,6 +151,11 @@ KEPT = [  # (why the rewrite would not be exact, schema, the keyword left for th
     ("oneOf whose discriminators share a value", {"oneOf": [
         {"type": "object", "properties": {"k": {"enum": [1, 2]}}, "required": ["k"]},
         {"type": "object", "properties": {"k": {"const": 2.0}}, "required": ["k"]}]}, "oneOf"),
+    ("oneOf of strings that may start alike", {"type": "string", "oneOf": [{"pattern": "^a"}, {"pattern": "^ab|c"}]},
+     "oneOf"),
+    ("oneOf of branches not only about strings", {"oneOf": [{"pattern": "^a"}, {"minimum": 1}]}, "oneOf"),
+    ("unevaluatedProperties beside an anyOf", {"type": "object", "unevaluatedProperties": False, "anyOf": [
+        {"properties": {"a": P["a"]}}, {"properties": {"b": P["b"]}}]}, "unevaluatedProperties"),
 ]
 
 
@@ -111,7 +164,7 @@ KEPT_FOR_XGRAMMAR = [
     ("allOf: additionalProperties in one part, properties in another", {"allOf": [
         {"type": "object", "properties": {"a": P["a"]}, "additionalProperties": False},
         {"properties": {"b": P["b"]}}]}, "allOf"),
-    ("allOf: the same keyword with two values", {"allOf": [{"type": "integer", "minimum": 1}, {"minimum": 2}]},
+    ("allOf: the same keyword with two values", {"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "b$"}]},
      "allOf"),
     ("allOf: a part that is a remote $ref", {"allOf": [{"type": "object"}, {"$ref": "https://example.com/s"}]},
      "allOf"),
@@ -119,6 +172,12 @@ KEPT_FOR_XGRAMMAR = [
     ("multipleOf over too wide a range", {"type": "integer", "multipleOf": 2, "minimum": 0, "maximum": 100000},
      "range"),
 ]
+
+
+def valid_under(schema, instance) -> bool:
+    """As plugd reads a schema: the formats JSON Schema defines are asserted."""
+    validator = jsonschema.validators.validator_for(schema)
+    return validator(schema, format_checker=validator.FORMAT_CHECKER).is_valid(instance)
 
 
 @pytest.fixture(scope="module")
@@ -129,9 +188,9 @@ def engines():
 @pytest.mark.parametrize(("rule", "schema", "keyword", "instances"), EXACT, ids=[case[0] for case in EXACT])
 def test_a_rewrite_is_exact(engines, rule, schema, keyword, instances):
     after = rewritten(schema)
-    assert keyword not in str(after)
-    valid = [jsonschema.validators.validator_for(schema)(schema).is_valid(instance) for instance in instances]
-    assert [jsonschema.validators.validator_for(after)(after).is_valid(instance) for instance in instances] == valid
+    assert keyword is None or keyword not in str(after)
+    valid = [valid_under(schema, instance) for instance in instances]
+    assert [valid_under(after, instance) for instance in instances] == valid
     assert True in valid and False in valid  # the instances tell the schema's yes from its no
     served = []
     for name, engine in engines.items():
@@ -146,7 +205,7 @@ def test_a_rewrite_is_exact(engines, rule, schema, keyword, instances):
 
 @pytest.mark.parametrize(("why", "schema", "keyword"), KEPT, ids=[case[0] for case in KEPT])
 def test_what_cannot_be_rewritten_exactly_is_left_and_refused(engines, why, schema, keyword):
-    assert rewritten(schema) == schema
+    assert f'"{keyword}"' in json.dumps(rewritten(schema))
     with pytest.raises(GrammarRefused, match=f"'{keyword}'"):
         engines["llguidance"].compile("json_schema", schema)
 
