@@ -1,10 +1,16 @@
 """JSON Schemas as the grammar engines take them: every schema object a schema holds, with its JSON pointer; and
-exact patterns for the date and time formats.
+patterns for the formats the engines get wrong or do not know.
 
 Engines' own `date`, `date-time` and `time` grammars (xgrammar's, llguidance's) check only the digits' shapes:
-they let a model write 2023-02-31, year 0000 or second 60. `with_exact_formats` swaps those formats for
+they let a model write 2023-02-31, year 0000 or second 60. `with_format_patterns` swaps those formats for
 patterns that allow only real calendar dates (month lengths, leap years), years 0001-9999 and seconds 00-59:
 every string they allow is a valid RFC 3339 date or time, which is what the schema asks for.
+
+Neither engine knows `format: regex`. A regular expression's syntax nests, which no pattern can follow to any
+depth, so it becomes REGEX_SUBSET: regular expressions built of literal characters, escapes, `.`, character
+classes, quantifiers, alternatives and groups nested up to three deep, none of it peculiar to Python. Every
+string it allows compiles with Python's `re`, which jsonschema checks the format with (tests/test_regex_format.py
+walks the grammar at random to show it); a regex beyond it cannot be written.
 """
 
 from __future__ import annotations
@@ -84,6 +90,20 @@ _LEAP_DAY = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[
 _DATE = f"(?:{_YEAR}-{_MONTH_DAY}|{_LEAP_DAY})"
 _TIME = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
 PATTERNS = {"date": f"^{_DATE}$", "time": f"^{_TIME}$", "date-time": f"^{_DATE}T{_TIME}$"}
+_REGEX_LITERAL = r"""[A-Za-z0-9 !"#%&',\-/:;<=>@_`~]"""
+_REGEX_ESCAPE = r"""\\[dDwWsSntr.\\/^$|?*+()\[\]{}\-]"""
+# No & or ~ in a class: re warns of && and ~~ there as set operations to come.
+_REGEX_CLASS = r"""\[\^?(?:[A-Za-z0-9 !"#%',./:;<=>@_`]|a-z|A-Z|0-9|\\[dDwWsS.\\\-\[\]^])+-?\]"""
+_REGEX_QUANTIFIER = r"(?:[?*+]|\{[0-9]{1,3},?\})\??"  # {n,m} is left out: n > m would not compile
+
+
+def _regex_alternatives(inner: str | None) -> str:
+    group = rf"|\((?:\?:)?{inner}\)" if inner else ""
+    sequence = rf"(?:(?:{_REGEX_LITERAL}|{_REGEX_ESCAPE}|\.|{_REGEX_CLASS}{group})(?:{_REGEX_QUANTIFIER})?)*"
+    return rf"{sequence}(?:\|{sequence})*"
+
+
+REGEX_SUBSET = rf"^\^?{_regex_alternatives(_regex_alternatives(_regex_alternatives(_regex_alternatives(None))))}\$?$"
 
 
 def without_annotations(schema: Any) -> Any:
@@ -95,10 +115,12 @@ def without_annotations(schema: Any) -> Any:
     return schema
 
 
-def with_exact_formats(schema: Any) -> Any:
-    """A copy of `schema` in which every date, date-time and time format is the pattern above."""
+def with_format_patterns(schema: Any) -> Any:
+    """A copy of `schema` in which every date, date-time and time format is the pattern above, and every regex
+    format REGEX_SUBSET (where no pattern is beside it)."""
     schema = copy.deepcopy(schema)
+    patterns = {**PATTERNS, "regex": REGEX_SUBSET}
     for _, node in subschemas(schema, ""):
-        if node.get("format") in PATTERNS and "pattern" not in node:
-            node["pattern"] = PATTERNS[node.pop("format")]
+        if node.get("format") in patterns and "pattern" not in node:
+            node["pattern"] = patterns[node.pop("format")]
     return schema

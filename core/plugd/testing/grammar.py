@@ -43,6 +43,7 @@ ENFORCED = [  # (keyword, schema, an instance it rules out)
     ("format date: year 0", {"type": "string", "format": "date"}, "0000-08-08"),
     ("format date-time", {"type": "string", "format": "date-time"}, "2100-02-29T00:00:00Z"),
     ("format time: no second 60", {"type": "string", "format": "time"}, "12:00:60Z"),
+    ("format regex", {"type": "string", "format": "regex"}, "(a"),
     ("minimum", {"type": "integer", "minimum": 5}, 1),
     ("exclusiveMaximum", {"type": "number", "exclusiveMaximum": 1}, 1),
     ("multipleOf on integers", {"type": "integer", "multipleOf": 3}, 4),
@@ -65,7 +66,7 @@ ENFORCED = [  # (keyword, schema, an instance it rules out)
                                                            "properties": {"c": {"$ref": "#/$defs/n"}}}}},
      {"c": {"d": {}}}),
 ]
-# Dates and times the exact formats must let through (plugd.json_schema.with_exact_formats).
+# Dates and times the exact formats must let through (plugd.json_schema.with_format_patterns).
 REAL_DATES = [("date", "2024-02-29"), ("date", "2000-02-29"), ("date", "0004-12-31"),
               ("date-time", "1999-12-31T23:59:59.999+05:30"), ("time", "00:00:00Z")]
 

@@ -28,7 +28,7 @@ from plugd.json_schema import (
     PATTERNS,
     min_properties_met_by_repeats,
     subschemas,
-    with_exact_formats,
+    with_format_patterns,
     without_annotations,
 )
 from plugd.runner_api import GrammarRefused, GrammarVocabulary, SchemaCache
@@ -110,7 +110,7 @@ class LLGuidanceEngine:
             raise GrammarRefused("llguidance cannot enforce this JSON schema: false allows no value at /")
         schema = {} if schema is True else schema
         problems = unenforced(schema)
-        schema = with_exact_formats(without_annotations(schema))
+        schema = with_format_patterns(without_annotations(schema))
         grammar = self._grammar(schema)
         # llguidance stops at the first thing it cannot enforce: take it out and look again, to name every one.
         for _ in range(MAX_ROUNDS):

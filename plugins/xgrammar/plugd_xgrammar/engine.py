@@ -19,7 +19,7 @@ from functools import cache
 import numpy as np
 import xgrammar as xgr
 
-from plugd.json_schema import with_exact_formats
+from plugd.json_schema import with_format_patterns
 from plugd.runner_api import GrammarRefused, GrammarVocabulary, SchemaCache
 from plugd.schema_rewrites import rewritten
 from plugd_xgrammar.coverage import unenforced_features
@@ -65,9 +65,9 @@ def to_grammar(schema: dict | bool) -> xgr.Grammar:
     """xgrammar's grammar for a JSON schema, or GrammarRefused naming what it would not enforce."""
     schema = rewritten(schema, false_schemas=False)  # xgrammar refuses `false` subschemas
     problems = unenforced_features(schema, format_enforced)
-    exact = json.dumps(with_exact_formats(schema))
+    patterned = json.dumps(with_format_patterns(schema))
     try:
-        grammar, warnings = with_native_warnings(lambda: _convert(exact))
+        grammar, warnings = with_native_warnings(lambda: _convert(patterned))
         problems += warnings
     except RuntimeError as exc:  # xgrammar's errors for what it cannot convert at all
         problems.append(f"{native_message(exc)} (xgrammar cannot compile it)")
