@@ -105,6 +105,13 @@ EXACT = [  # (rule, schema, the keyword it takes away, instances); every engine 
     ("not required of keys the schema requires allows nothing", {"type": "object", "properties": {
         "a": P["a"], "b": {"type": "object", "required": ["x"], "not": {"required": ["x"]}}}},
      "not", [{}, {"a": "x"}, {"b": {"x": 1}}, {"b": {}}]),
+    ("propertyNames every string meets", {
+        "type": "object", "propertyNames": {"type": "string"}, "additionalProperties": {"type": "integer"}},
+     "propertyNames", [{}, {"a": 1}, {"a": "s"}, []]),
+    ("propertyNames as one pattern with its lengths", {
+        "type": "object", "propertyNames": {"$ref": "#/$defs/id"}, "additionalProperties": {"type": "integer"},
+        "$defs": {"id": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}}},
+     "propertyNames", [{}, {"ab": 1}, {"abcd": 1}, {"aB": 1}, {"ab": "s"}, {"": 1}, {"a": 1, "b": 2}]),
     ("required keys beyond properties, named there", {
         "type": "object", "properties": {"c": {}}, "required": ["a"], "additionalProperties": {"type": "integer"}},
      None, [{}, {"a": 1}, {"c": 1}, {"a": "s"}, {"a": 1, "z": "s"}]),
@@ -154,6 +161,10 @@ KEPT = [  # (why the rewrite would not be exact, schema, the keyword left for th
     ("oneOf of strings that may start alike", {"type": "string", "oneOf": [{"pattern": "^a"}, {"pattern": "^ab|c"}]},
      "oneOf"),
     ("oneOf of branches not only about strings", {"oneOf": [{"pattern": "^a"}, {"minimum": 1}]}, "oneOf"),
+    ("propertyNames beside properties", {"type": "object", "properties": {"a": {}},
+                                          "propertyNames": {"pattern": "^[a-z]+$"}}, "propertyNames"),
+    ("propertyNames of a pattern beyond one repeated class", {"type": "object",
+                                                              "propertyNames": {"pattern": "^a[0-9]+$"}}, "propertyNames"),
     ("unevaluatedProperties beside an anyOf", {"type": "object", "unevaluatedProperties": False, "anyOf": [
         {"properties": {"a": P["a"]}}, {"properties": {"b": P["b"]}}]}, "unevaluatedProperties"),
 ]

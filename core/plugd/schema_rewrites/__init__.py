@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -72,6 +73,8 @@ _IN_PLACE = frozenset({"allOf", "anyOf", "oneOf", "not", "if", "then", "else", "
                        "dependentSchemas", "dependencies"})
 # Dialects in which keywords beside a $ref apply as well (before 2019-09 they are ignored).
 _REF_WITH_SIBLINGS = ("https://json-schema.org/draft/2019-09/", "https://json-schema.org/draft/2020-12/")
+# A pattern that is one character class (or class escape, or plain character), repeated, for the whole string.
+_REPEATED_CLASS = re.compile(r"^\^(\[(?:[^\]\\]|\\.)+\]|\\[wdsWDS]|[A-Za-z0-9_])([+*])\$$")
 # Keywords that say nothing about a value that is not a string.
 _STRING_ONLY = frozenset({"format", "pattern", "minLength", "maxLength", "contentEncoding", "contentMediaType"})
 
@@ -106,6 +109,7 @@ def _rewrite(node: dict[str, Any], root: dict[str, Any], false_schemas: bool) ->
     _integer_multiples(node)
     _implied_min_properties(node)
     _required_keys_declared(node)
+    _property_names_as_pattern(node, root)
     _typed_by_one_of(node)
     if false_schemas:
         if node.get("not") in ({}, True) or _requires_a_forbidden_key(node) or _negates_its_required(node):
@@ -166,6 +170,40 @@ def _ref_as_part(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
         return node
     return {**{key: value for key, value in node.items() if key in _STAYING},
             "allOf": [{"$ref": node["$ref"]}, rest]}
+
+
+def _property_names_as_pattern(node: dict[str, Any], root: dict[str, Any]) -> None:
+    """`propertyNames` that every string meets says nothing; one that is a pattern and lengths (on an object
+    that names no properties) is the one patternProperties key that additionalProperties' schema applies to."""
+    if "propertyNames" not in node:
+        return
+    names = resolved(node["propertyNames"], root)
+    if names is True or isinstance(names, dict) and names.keys() <= ANNOTATIONS | {"type"} and names.get(
+            "type", "string") == "string":
+        del node["propertyNames"]
+        return
+    if node.get("properties") or node.get("patternProperties") or "unevaluatedProperties" in node or not (
+            isinstance(names, dict) and names.get("type", "string") == "string"
+            and names.keys() <= ANNOTATIONS | {"type", "pattern", "minLength", "maxLength"}):
+        return
+    if (pattern := _pattern_with_lengths(names)) is not None:
+        node.pop("properties", None)
+        node["patternProperties"] = {pattern: node.pop("additionalProperties", {})}
+        node["additionalProperties"] = False
+        del node["propertyNames"]
+
+
+def _pattern_with_lengths(names: dict[str, Any]) -> str | None:
+    """One anchored pattern for a `pattern` that repeats one character class and the lengths beside it
+    (`^[a-z]+$` with maxLength 8 is `^[a-z]{1,8}$`); None where they do not come together so."""
+    low, high = names.get("minLength", 0), names.get("maxLength")
+    if not isinstance(low, int) or not (high is None or isinstance(high, int) and high >= low):
+        return None
+    match = _REPEATED_CLASS.match(names.get("pattern", "^[\\s\\S]*$"))
+    if match is None:
+        return None
+    low = max(low, 1 if match[2] == "+" else 0)
+    return f"^{match[1]}{{{low},{'' if high is None else high}}}$"
 
 
 def _implied_min_properties(node: dict[str, Any]) -> None:
