@@ -16,7 +16,7 @@ from plugd.testing.server import LiveServer
 ROOT = Path(__file__).parents[1]
 PLUGIN_FOLDERS = [ROOT / "plugins", ROOT / "renderers", ROOT / "architectures"]
 PUBLIC = ("plugd.hookspecs", "plugd.types", "plugd.rendering", "plugd.parsing", "plugd.runner_api", "plugd.json_schema",
-          "plugd.schema_rewrites", "plugd.nn", "plugd.testing")
+          "plugd.json_uniqueness", "plugd.schema_rewrites", "plugd.nn", "plugd.testing")
 
 STARTED_APP = """
 import sys, tempfile

@@ -69,15 +69,6 @@ def transformed(node: Any, rewrite: Callable[[dict[str, Any]], Any]) -> Any:
     return rewrite(node)
 
 
-def min_properties_met_by_repeats(node: dict[str, Any]) -> bool:
-    """Whether a `minProperties` above 1 in `node` could be met by writing one key twice. Grammars (llguidance's,
-    xgrammar's) keep a key of `properties` from repeating, but not one beyond them; a parsed object counts a
-    repeated key once, so it can end up with too few."""
-    minimum = node.get("minProperties")
-    return (isinstance(minimum, int) and minimum > 1
-            and (node.get("additionalProperties", True) is not False or bool(node.get("patternProperties"))))
-
-
 def escape(name: str) -> str:
     """`name` as one JSON pointer segment."""
     return name.replace("~", "~0").replace("/", "~1")

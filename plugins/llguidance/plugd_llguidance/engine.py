@@ -24,13 +24,8 @@ from typing import Any
 import llguidance as llg
 import numpy as np
 
-from plugd.json_schema import (
-    PATTERNS,
-    min_properties_met_by_repeats,
-    subschemas,
-    with_format_patterns,
-    without_annotations,
-)
+from plugd.json_schema import PATTERNS, subschemas, with_format_patterns, without_annotations
+from plugd.json_uniqueness import QuoteIndex, UniqueStrings, unique_string_arrays, without_unique_items
 from plugd.runner_api import GrammarRefused, GrammarVocabulary, SchemaCache
 from plugd.schema_rewrites import rewritten
 
@@ -88,11 +83,12 @@ class LLGuidanceMatcher:
 
 
 class LLGuidanceCompiled:
-    def __init__(self, tokenizer: llg.LLTokenizer, grammar: str):
-        self._tokenizer, self._grammar = tokenizer, grammar
+    def __init__(self, tokenizer: llg.LLTokenizer, grammar: str, quotes: QuoteIndex, unique: frozenset):
+        self._tokenizer, self._grammar, self._quotes, self._unique = tokenizer, grammar, quotes, unique
 
-    def matcher(self) -> LLGuidanceMatcher:
-        return LLGuidanceMatcher(llg.LLMatcher(self._tokenizer, self._grammar, log_level=0))
+    def matcher(self) -> UniqueStrings:
+        inner = LLGuidanceMatcher(llg.LLMatcher(self._tokenizer, self._grammar, log_level=0))
+        return UniqueStrings(inner, self._quotes, self._unique)
 
 
 class LLGuidanceEngine:
@@ -100,6 +96,7 @@ class LLGuidanceEngine:
 
     def __init__(self, vocabulary: GrammarVocabulary):
         table = _TokenTable(vocabulary)
+        self._quotes = QuoteIndex(vocabulary.token_bytes)
         self._tokenizer = llg.LLTokenizer(llg.TokenizerWrapper(table), n_vocab=vocabulary.width,
                                           eos_token=sorted(vocabulary.stop_ids) or None)
         self.compile = SchemaCache(self._compile).compile
@@ -111,6 +108,8 @@ class LLGuidanceEngine:
         schema = {} if schema is True else schema
         problems = unenforced(schema)
         schema = with_format_patterns(without_annotations(schema))
+        if (unique := unique_string_arrays(schema)) is not None:  # kept by UniqueStrings, not by the grammar
+            schema = without_unique_items(schema)
         grammar = self._grammar(schema)
         # llguidance stops at the first thing it cannot enforce: take it out and look again, to name every one.
         for _ in range(MAX_ROUNDS):
@@ -123,7 +122,7 @@ class LLGuidanceEngine:
                 break
         if problems:
             raise GrammarRefused("llguidance cannot enforce this JSON schema: " + "; ".join(problems))
-        return LLGuidanceCompiled(self._tokenizer, grammar)
+        return LLGuidanceCompiled(self._tokenizer, grammar, self._quotes, unique or frozenset())
 
     @staticmethod
     def _grammar(schema: dict) -> str:
@@ -136,8 +135,6 @@ def unenforced(schema: dict) -> list[str]:
     problems = []
     for pointer, node in subschemas(schema):
         found = []
-        if min_properties_met_by_repeats(node):
-            found.append("'minProperties' beside keys beyond 'properties' (llguidance may repeat one)")
         if node.get("format") in PATTERNS and "pattern" in node:  # its own date grammars are loose
             found.append(f"format {node['format']!r} together with a pattern")
         found += [f"'{bound}' as a boolean (draft-04)" for bound in ("exclusiveMinimum", "exclusiveMaximum")

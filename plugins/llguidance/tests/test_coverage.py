@@ -57,7 +57,6 @@ REFUSED = [  # (schema, words the refusal names)
     ({"type": "object", "propertyNames": {"pattern": "^x"}}, "'propertyNames' at /"),
     ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "'oneOf' whose branches it cannot prove exclusive at /"),
     ({"type": "string", "format": "idn-email"}, "format 'idn-email' at /"),
-    ({"type": "object", "minProperties": 2}, "'minProperties' beside keys beyond 'properties'"),
     ({"type": "string", "format": "date", "pattern": "^2"}, "format 'date' together with a pattern"),
     ({"type": "integer", "minimum": 1, "exclusiveMinimum": True}, "'exclusiveMinimum' as a boolean (draft-04)"),
     ({"type": "array", "items": [{"type": "integer"}], "additionalItems": False}, "'items' as a list"),

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from plugd.json_schema import STANDARD_FORMATS, min_properties_met_by_repeats, subschemas
+from plugd.json_schema import STANDARD_FORMATS, subschemas
 
 # Keywords xgrammar ignores without a word, whatever their value (False: unless the value is a no-op).
 IGNORED = {"not": None, "contains": None, "minContains": None, "maxContains": None, "dependencies": None,
@@ -54,8 +54,6 @@ def _ignored_keywords(node: dict[str, Any]) -> list[str]:
     for bound in ("exclusiveMinimum", "exclusiveMaximum"):
         if isinstance(node.get(bound), bool):
             found.append(f"'{bound}' as a boolean (draft-04)")
-    if min_properties_met_by_repeats(node):
-        found.append("'minProperties' beside keys beyond 'properties' (xgrammar may repeat one)")
     return found
 
 

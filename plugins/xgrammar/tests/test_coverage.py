@@ -41,7 +41,6 @@ REFUSED = [  # (schema, words the refusal names)
     ({"$defs": {"d": {"type": "object"}}, "properties": {"p": {"$ref": "#/$defs/d", "required": ["u"]}}},
      "keywords beside $ref (properties, required) at /properties/p"),
     ({"type": "integer", "minimum": 1, "exclusiveMinimum": True}, "'exclusiveMinimum' as a boolean (draft-04)"),
-    ({"type": "object", "minProperties": 2}, "'minProperties' beside keys beyond 'properties'"),
     # Keywords beside a combinator that plugd.schema_rewrites cannot merge into its branches exactly.
     ({"type": "object", "properties": P, "additionalProperties": False, "anyOf": [{"properties": {"z": {}}}]},
      "keywords beside 'anyOf' (additionalProperties, properties, type) at /"),
