@@ -161,6 +161,8 @@ KEPT = [  # (why the rewrite would not be exact, schema, the keyword left for th
     ("oneOf of strings that may start alike", {"type": "string", "oneOf": [{"pattern": "^a"}, {"pattern": "^ab|c"}]},
      "oneOf"),
     ("oneOf of branches not only about strings", {"oneOf": [{"pattern": "^a"}, {"minimum": 1}]}, "oneOf"),
+    ("listed values beside a not that is not decided value by value", {
+        "type": "string", "enum": ["a", "b"], "not": {"pattern": "^a"}}, "not"),
     ("propertyNames beside properties", {"type": "object", "properties": {"a": {}},
                                           "propertyNames": {"pattern": "^[a-z]+$"}}, "propertyNames"),
     ("propertyNames of a pattern beyond one repeated class", {"type": "object",
