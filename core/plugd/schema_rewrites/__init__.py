@@ -43,6 +43,7 @@ rewrite can open the way to another, so they are made over and over until none a
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
 from collections.abc import Callable
@@ -66,6 +67,7 @@ MAX_DEPENDENCIES = 3
 MAX_LISTED_MULTIPLES = 256
 MAX_DISTRIBUTED = 16
 MAX_ROUNDS = 8
+MAX_GROWTH = 8  # times the schema's JSON length that rewriting may reach
 # What stays on a schema whose other keywords go into its branches: annotations, and what sets where $refs lead.
 _STAYING = ANNOTATIONS | {"$schema", "$id", "id", "definitions", "$defs"}
 # Keywords that apply a subschema to the instance itself, whose annotations unevaluatedProperties reads.
@@ -88,12 +90,16 @@ def rewritten(schema: Any, false_schemas: bool = True) -> Any:
     if not isinstance(schema, dict):
         return schema
     schema = transformed(schema, lambda node: _unevaluated_settled(node, schema))
-    if not any("unevaluatedProperties" in node for _, node in subschemas(schema)):
-        schema = transformed(schema, _without_vacuous_additional)  # it told unevaluatedProperties what it saw
+    if any(node.keys() & {"unevaluatedProperties", "unevaluatedItems"} for _, node in subschemas(schema)):
+        return schema  # the rewrites move what others evaluate, which these read; engines refuse them anyway
+    schema = transformed(schema, _without_vacuous_additional)  # it told unevaluatedProperties what it saw
+    largest = MAX_GROWTH * len(json.dumps(schema))
     for _ in range(MAX_ROUNDS):
         again = transformed(schema, lambda node, root=schema: _rewrite(node, root, false_schemas))
         if again == schema or not isinstance(again, dict):
             return again
+        if len(json.dumps(again)) > largest:
+            return schema  # merging a recursive definition into branches unrolls it a level a round
         schema = again
     return schema
 
@@ -263,9 +269,10 @@ def _all_of_merged(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]
 def _distributed(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any] | bool | None:
     """`node`'s other keywords merged into each branch of its anyOf or oneOf (A and (B or C) is (A and B) or
     (A and C); exactly one of B, C given A is exactly one of A and B, A and C); None where a merge is not exact."""
-    [combinator] = [key for key in ("anyOf", "oneOf") if isinstance(node.get(key), list)] or [None]
-    if combinator is None or "anyOf" in node and "oneOf" in node or len(node[combinator]) > MAX_DISTRIBUTED:
+    combinators = [key for key in ("anyOf", "oneOf") if key in node]
+    if len(combinators) != 1 or not isinstance(node[combinators[0]], list) or len(node[combinators[0]]) > MAX_DISTRIBUTED:
         return None
+    [combinator] = combinators
     staying = {key: value for key, value in node.items() if key in _STAYING}
     shared = {key: value for key, value in node.items() if key not in _STAYING and key != combinator}
     if not shared:
@@ -386,6 +393,8 @@ def _dependencies_as_branches(node: dict[str, Any]) -> None:
     needs = {name: need for name, need in needs.items() if need != (set(), [])}
     if not found or len(needs) > MAX_DEPENDENCIES or "anyOf" in node:
         return
+    if any(schemas for _, schemas in needs.values()) and types(node) != {"object"}:
+        return  # a dependency's schema applies to objects only, and the branches to any value
     for key in found:
         del node[key]
     if not needs:
