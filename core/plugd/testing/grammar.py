@@ -8,16 +8,20 @@ grammar still lets it through, the engine does not enforce that keyword, and mus
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable
 
 import numpy as np
 import pytest
 
+from plugd.json_uniqueness import RepeatOnly
 from plugd.runner_api import Compiler, GrammarRefused, GrammarVocabulary
+from plugd.testing.random_schemas import random_schema, valid
 
 STOP = 256
 BYTES = GrammarVocabulary([bytes([b]) for b in range(256)] + [b""], frozenset({STOP}))
 P = {"a": {"type": "string"}, "b": {"type": "integer"}, "c": {"type": "string"}}
+RANDOM_SCHEMAS = 1000
 
 
 def accepts(engine: Compiler, schema: dict, instance) -> bool:
@@ -101,3 +105,44 @@ class GrammarEngineChecks:
                   "properties": {"n": {"type": "string", "format": "int32", "x-custom": True, "enum": ["not", "if"]}}}
         engine.compile("json_schema", schema)
         assert accepts(engine, {"type": "string", "format": "html-selector"}, "div > p")
+
+    def test_random_schemas_are_enforced_or_refused(self, engine):
+        """Random schemas (plugd.testing.random_schemas), each walked at random through what the grammar allows:
+        every output that ends is valid JSON, writes no key twice, and meets its schema."""
+        rng, written = random.Random(0), 0
+        for _ in range(RANDOM_SCHEMAS):
+            schema = random_schema(rng)
+            try:
+                compiled = engine.compile("json_schema", schema)
+            except GrammarRefused:
+                continue
+            for _ in range(3):
+                try:
+                    text = _random_walk(compiled.matcher(), rng)
+                except RepeatOnly:
+                    continue
+                if text is not None:
+                    instance = json.loads(text, object_pairs_hook=_keys_once)
+                    assert valid(schema, instance), (schema, text)
+                    written += 1
+        assert written > RANDOM_SCHEMAS // 4
+
+
+def _random_walk(matcher, rng: random.Random, longest: int = 160) -> bytes | None:
+    """Bytes the grammar allows, each drawn at random, until it lets the walk stop (None: not in `longest`)."""
+    out, bitmask = b"", np.zeros(9, np.int32)
+    for _ in range(longest):
+        matcher.fill_mask(bitmask)
+        allowed = [t for t in range(BYTES.width) if (bitmask[t // 32] >> (t % 32)) & 1]
+        if STOP in allowed and (len(allowed) == 1 or rng.random() < 0.3):
+            return out
+        token = rng.choice([t for t in allowed if t != STOP])
+        assert matcher.accept(token)
+        out += bytes([token])
+    return None
+
+
+def _keys_once(pairs: list[tuple[str, object]]) -> dict:
+    keys = [key for key, _ in pairs]
+    assert len(set(keys)) == len(keys), f"a key written twice: {keys}"
+    return dict(pairs)

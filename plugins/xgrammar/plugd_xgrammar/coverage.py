@@ -20,6 +20,13 @@ IGNORED = {"not": None, "contains": None, "minContains": None, "maxContains": No
            "dependentRequired": None, "dependentSchemas": None, "then": None, "else": None,
            "uniqueItems": False, "unevaluatedProperties": True}
 _COMBINATORS = ("anyOf", "oneOf", "allOf")
+# Keywords xgrammar reads only where `type` names the type they apply to (it takes an untyped value as any).
+_TYPED_KEYWORDS = {
+    "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
+    "string": ("minLength", "maxLength", "pattern"),
+    "array": ("minItems", "maxItems"),
+    "object": ("minProperties", "maxProperties", "patternProperties"),
+}
 # Drafts in which keywords beside a $ref are ignored (by the specification, so by xgrammar rightly).
 _REF_OVERRIDES_SIBLINGS = re.compile(r"json-schema\.org/(draft-0[3-7]/)")
 _VALIDATION = frozenset({
@@ -36,7 +43,9 @@ def unenforced_features(schema: Any, format_enforced: Callable[[str], bool]) -> 
     ref_siblings_apply = not (isinstance(schema, dict) and _REF_OVERRIDES_SIBLINGS.search(str(schema.get("$schema"))))
     problems = []
     for pointer, node in subschemas(schema, ""):
-        found = _ignored_keywords(node) + _format_problems(node, format_enforced) + _property_name_problems(node)
+        found = (_ignored_keywords(node) + _format_problems(node, format_enforced) + _property_name_problems(node)
+                 + _listing_beside_keywords(node)
+                 + ([] if pointer.endswith("/propertyNames") else _untyped_keywords(node)))  # names are strings
         if ref_siblings_apply and "$ref" in node and (siblings := sorted(node.keys() & _VALIDATION)):
             found.append(f"keywords beside $ref ({', '.join(siblings)})")
         for combinator in _COMBINATORS:  # xgrammar takes the branches alone, the schema's other keywords unread
@@ -55,6 +64,24 @@ def _ignored_keywords(node: dict[str, Any]) -> list[str]:
         if isinstance(node.get(bound), bool):
             found.append(f"'{bound}' as a boolean (draft-04)")
     return found
+
+
+def _listing_beside_keywords(node: dict[str, Any]) -> list[str]:
+    """xgrammar takes `enum` and `const` as the whole schema, the keywords beside them unread (plugd's rewrites
+    apply those they can to the listed values first)."""
+    listing = [keyword for keyword in ("enum", "const") if keyword in node]
+    beside = sorted(node.keys() & _VALIDATION - {"enum", "const"} - ({"format"} if node.get("format") not in
+                                                                       STANDARD_FORMATS else set()))
+    if listing and beside:
+        return [f"keywords beside '{listing[0]}' ({', '.join(beside)})"]
+    return []
+
+
+def _untyped_keywords(node: dict[str, Any]) -> list[str]:
+    if "type" in node or "enum" in node or "const" in node:
+        return []
+    return [f"'{keyword}' without type '{kind}'" for kind, keywords in _TYPED_KEYWORDS.items()
+            for keyword in keywords if keyword in node]
 
 
 def _format_problems(node: dict[str, Any], format_enforced: Callable[[str], bool]) -> list[str]:
@@ -76,8 +103,8 @@ def _property_name_problems(node: dict[str, Any]) -> list[str]:
     properties, patterns = node.get("properties") or {}, node.get("patternProperties") or {}
     found = [f"property {name!r} matching patternProperties {pattern!r}"
              for name in properties for pattern in patterns if _matches(pattern, name)]
-    if "propertyNames" in node and (properties or patterns):
-        found.append("'propertyNames' together with properties or patternProperties")
+    if "propertyNames" in node and (properties or patterns or node.get("additionalProperties", True) is not True):
+        found.append("'propertyNames' together with properties, patternProperties or additionalProperties")
     return found
 
 
