@@ -305,3 +305,23 @@ def test_grammar_specs_are_checked():
                 GrammarSpec((), "json", None)):
         with pytest.raises(ValueError):
             bad.check()
+
+
+def test_a_schema_that_leaves_only_a_repeated_key_ends_with_an_error(server):
+    """Keys never repeat (plugd.json_uniqueness): where the schema's only way on is a key written already, the
+    request ends with a 400 that says so (an error event once streaming has begun), and the model serves on."""
+    only_a = {"type": "object", "patternProperties": {"^a$": {"type": "integer"}}, "additionalProperties": False,
+              "minProperties": 2}
+    whole = generate(server, format=only_a)
+    assert whole.status_code == 400
+    assert whole.json() == {"error": "the schema allows nothing more here but a key or a unique item written already"}
+    with httpx.stream("POST", f"{server.url}/api/generate", timeout=120, json={
+            "model": MODEL, "prompt": "Answer in JSON.", "format": only_a, "options": OPTIONS}) as streamed:
+        assert streamed.status_code == 200
+        lines = [json.loads(line) for line in streamed.iter_lines() if line]
+    assert lines[-1] == {"error": "the schema allows nothing more here but a key or a unique item written already"}
+    openai = httpx.post(f"{server.url}/v1/chat/completions", timeout=120, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Answer in JSON."}], "temperature": 1, "seed": 7,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": only_a}}})
+    assert openai.status_code == 400 and openai.json()["error"]["type"] == "invalid_request_error"
+    assert generate(server, format=TODO).status_code == 200

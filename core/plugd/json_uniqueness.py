@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 
 from plugd.json_schema import subschemas, transformed
-from plugd.runner_api import Matcher
+from plugd.runner_api import GrammarDeadEnd, Matcher
 
 ITEMS = "*"  # an array's items, in a path of keys
 
 
-class RepeatOnly(RuntimeError):
+class RepeatOnly(GrammarDeadEnd):
     """The grammar allows no token that does not repeat a key or a unique item."""
 
 

@@ -181,9 +181,11 @@ class DoneEvent:
 
 @define
 class ErrorEvent:
-    """Generation failed after the answer had begun."""
+    """Generation failed after the answer had begun; `kind` "grammar_dead_end" where the request's format
+    could not be completed (the client's to mend), None for a failure of plugd's own."""
 
     error: str
+    kind: str | None = None
 
 
 RunnerEvent = PrefillEvent | TokenEvent | DoneEvent | ErrorEvent

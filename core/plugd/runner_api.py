@@ -148,6 +148,11 @@ class GrammarRefused(ValueError):
     """The request's format cannot be enforced (an unsupported schema feature, a malformed grammar spec)."""
 
 
+class GrammarDeadEnd(RuntimeError):
+    """The format allows no token after what was written: the request's schema cannot be completed from there
+    (a matcher raises it from `fill_mask`, and the request ends with its message as the client's error)."""
+
+
 @attrs.frozen
 class GrammarVocabulary:
     """What a grammar engine needs to know of a model's tokens.

@@ -47,7 +47,7 @@ from plugd.runner.generate import Engine, prompt_limit
 from plugd.runner.grammar import Grammars, TokenMaskFactory
 from plugd.runner.loading import compute_dtype, load_model
 from plugd.runner.media import keyed
-from plugd.runner_api import GrammarRefused, GrammarVocabulary
+from plugd.runner_api import GrammarDeadEnd, GrammarRefused, GrammarVocabulary
 from plugd.tokenizer import Tokenizer
 from plugd.types import structure, unstructure
 
@@ -164,6 +164,9 @@ class Running:
             while (event := await self._events.get()) is not None:
                 if isinstance(event, GrammarRefused):
                     continue  # the request was already answered with the refusal
+                if isinstance(event, GrammarDeadEnd):
+                    yield event_line(ErrorEvent(str(event), kind="grammar_dead_end"))
+                    continue
                 if isinstance(event, Exception):
                     log.error("completion failed: %s", event, exc_info=event)
                     yield event_line(ErrorEvent(f"generation failed: {event}"))

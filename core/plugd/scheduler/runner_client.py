@@ -229,6 +229,8 @@ class RunnerProcess:
                     if line:
                         event = read_event(line)
                         if isinstance(event, ErrorEvent):
+                            if event.kind is not None:  # the request's, not the runner's: a 400 where not begun
+                                raise RunnerRejected({"error": event.error, "kind": event.kind})
                             raise RunnerError(event.error)
                         yield event
         except httpx.ReadTimeout:
