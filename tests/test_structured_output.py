@@ -196,7 +196,7 @@ def test_official_client_format_json_and_schema(server):
 
 ONLY_XGRAMMAR = {"type": "string", "format": "uri-reference"}  # a format llguidance does not know
 ONLY_LLGUIDANCE = {"type": "string", "pattern": "^a+$", "minLength": 2}  # xgrammar drops the length beside a pattern
-NEITHER = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+NEITHER = {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True}
 
 
 def test_the_first_engine_that_can_enforce_a_schema_serves_it(server):

@@ -52,6 +52,9 @@ _KEYWORDS = {
                                                                    {"pattern": "^[ab]+$", "maxLength": 1}])},
     "unevaluatedProperties": lambda rng, d: {"unevaluatedProperties": rng.choice([False, {"type": "integer"}])},
     "$ref": lambda rng, d: {"$ref": "#/$defs/e"},
+    "uniqueItems": lambda rng, d: {"type": "array", "uniqueItems": True, "maxItems": 4, "items": rng.choice([
+        {"type": "string"}, {"type": "integer"}, {"type": "number", "minimum": 0}, {"type": "string", "maxLength": 1},
+        {"enum": ["x", "y"]}])},
 }
 
 

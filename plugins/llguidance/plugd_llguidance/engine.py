@@ -25,7 +25,7 @@ import llguidance as llg
 import numpy as np
 
 from plugd.json_schema import PATTERNS, subschemas, with_format_patterns, without_annotations
-from plugd.json_uniqueness import QuoteIndex, UniqueStrings, unique_string_arrays, without_unique_items
+from plugd.json_uniqueness import TokenIndex, UniqueValues, unique_arrays, without_unique_items
 from plugd.runner_api import GrammarRefused, GrammarVocabulary, SchemaCache
 from plugd.schema_rewrites import rewritten
 
@@ -83,12 +83,12 @@ class LLGuidanceMatcher:
 
 
 class LLGuidanceCompiled:
-    def __init__(self, tokenizer: llg.LLTokenizer, grammar: str, quotes: QuoteIndex, unique: frozenset):
+    def __init__(self, tokenizer: llg.LLTokenizer, grammar: str, quotes: TokenIndex, unique: frozenset):
         self._tokenizer, self._grammar, self._quotes, self._unique = tokenizer, grammar, quotes, unique
 
-    def matcher(self) -> UniqueStrings:
+    def matcher(self) -> UniqueValues:
         inner = LLGuidanceMatcher(llg.LLMatcher(self._tokenizer, self._grammar, log_level=0))
-        return UniqueStrings(inner, self._quotes, self._unique)
+        return UniqueValues(inner, self._quotes, self._unique)
 
 
 class LLGuidanceEngine:
@@ -96,7 +96,7 @@ class LLGuidanceEngine:
 
     def __init__(self, vocabulary: GrammarVocabulary):
         table = _TokenTable(vocabulary)
-        self._quotes = QuoteIndex(vocabulary.token_bytes)
+        self._quotes = TokenIndex(vocabulary.token_bytes)
         self._tokenizer = llg.LLTokenizer(llg.TokenizerWrapper(table), n_vocab=vocabulary.width,
                                           eos_token=sorted(vocabulary.stop_ids) or None)
         self.compile = SchemaCache(self._compile).compile
@@ -108,7 +108,7 @@ class LLGuidanceEngine:
         schema = {} if schema is True else schema
         problems = unenforced(schema)
         schema = with_format_patterns(without_annotations(schema))
-        if (unique := unique_string_arrays(schema)) is not None:  # kept by UniqueStrings, not by the grammar
+        if (unique := unique_arrays(schema)) is not None:  # kept by UniqueValues, not by the grammar
             schema = without_unique_items(schema)
         grammar = self._grammar(schema)
         # llguidance stops at the first thing it cannot enforce: take it out and look again, to name every one.

@@ -48,7 +48,7 @@ def test_llguidance_enforces(engine, keyword, schema, breaking):
 REFUSED = [  # (schema, words the refusal names)
     ({"type": "integer", "not": {"const": 1}}, "'not' at /"),
     ({"type": "array", "contains": {"const": 1}}, "'contains'"),
-    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "'uniqueItems'"),
+    ({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True}, "'uniqueItems'"),
     ({"type": "object", "properties": P, "if": {"properties": {"c": {"const": "x"}}}, "then": {"required": ["a"]}},
      "'if' at /; 'then' at /"),
     ({"type": "object", "dependentSchemas": dict.fromkeys("abcd", {"required": ["z"]})}, "'dependentSchemas'"),

@@ -63,6 +63,8 @@ def _ignored_keywords(node: dict[str, Any]) -> list[str]:
     for bound in ("exclusiveMinimum", "exclusiveMaximum"):
         if isinstance(node.get(bound), bool):
             found.append(f"'{bound}' as a boolean (draft-04)")
+    found += [f"'{bound}' on strings (xgrammar writes control characters raw in them, which is not JSON)"
+              for bound in ("minLength", "maxLength") if bound in node and _may_be_string(node)]
     return found
 
 
@@ -75,6 +77,11 @@ def _listing_beside_keywords(node: dict[str, Any]) -> list[str]:
     if listing and beside:
         return [f"keywords beside '{listing[0]}' ({', '.join(beside)})"]
     return []
+
+
+def _may_be_string(node: dict[str, Any]) -> bool:
+    types = node.get("type")
+    return types is None or types == "string" or isinstance(types, list) and "string" in types
 
 
 def _untyped_keywords(node: dict[str, Any]) -> list[str]:

@@ -20,7 +20,7 @@ import numpy as np
 import xgrammar as xgr
 
 from plugd.json_schema import with_format_patterns
-from plugd.json_uniqueness import QuoteIndex, UniqueStrings, unique_string_arrays, without_unique_items
+from plugd.json_uniqueness import TokenIndex, UniqueValues, unique_arrays, without_unique_items
 from plugd.runner_api import GrammarRefused, GrammarVocabulary, SchemaCache
 from plugd.schema_rewrites import rewritten
 from plugd_xgrammar.coverage import unenforced_features
@@ -39,11 +39,11 @@ class XGrammarMatcher:
 
 
 class XGrammarCompiled:
-    def __init__(self, compiled: xgr.CompiledGrammar, quotes: QuoteIndex, unique: frozenset):
+    def __init__(self, compiled: xgr.CompiledGrammar, quotes: TokenIndex, unique: frozenset):
         self._compiled, self._quotes, self._unique = compiled, quotes, unique
 
-    def matcher(self) -> UniqueStrings:
-        return UniqueStrings(XGrammarMatcher(xgr.GrammarMatcher(self._compiled)), self._quotes, self._unique)
+    def matcher(self) -> UniqueValues:
+        return UniqueValues(XGrammarMatcher(xgr.GrammarMatcher(self._compiled)), self._quotes, self._unique)
 
 
 class XGrammarEngine:
@@ -56,7 +56,7 @@ class XGrammarEngine:
         # Token masks are worked out per grammar state on first use, not all at compile time: a large
         # vocabulary makes the eager way take seconds to a minute per schema, and a request visits few states.
         self._compiler = xgr.GrammarCompiler(info, cache_enabled=False, enable_dynamic_compilation=True)
-        self._quotes = QuoteIndex(vocabulary.token_bytes)
+        self._quotes = TokenIndex(vocabulary.token_bytes)
         self.compile = SchemaCache(self._compile).compile
 
     def _compile(self, schema: dict | bool) -> XGrammarCompiled:
@@ -68,7 +68,7 @@ def to_grammar(schema: dict | bool) -> tuple[xgr.Grammar, frozenset]:
     """xgrammar's grammar for a JSON schema, and the paths of the arrays whose uniqueItems its matchers keep
     (plugd.json_uniqueness); or GrammarRefused naming what it would not enforce."""
     schema = rewritten(schema, false_schemas=False)  # xgrammar refuses `false` subschemas
-    if (unique := unique_string_arrays(schema)) is not None:
+    if (unique := unique_arrays(schema)) is not None:
         schema = without_unique_items(schema)
     problems = unenforced_features(schema, format_enforced)
     patterned = json.dumps(with_format_patterns(schema))
