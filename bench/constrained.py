@@ -44,7 +44,8 @@ ENGINES = {"llguidance": ("plugd_llguidance.engine", "LLGuidanceEngine"),
 def rows_schema(field: str = "name") -> dict[str, Any]:
     """An array of records that cannot end within any num_predict used here; `field` names a fresh schema."""
     record = {"type": "object", "additionalProperties": False, "required": [field, "age", "tags"],
-              "properties": {field: {"type": "string", "maxLength": 12}, "age": {"type": "integer"},
+              # a pattern bounds the name, since xgrammar refuses length bounds on strings
+              "properties": {field: {"type": "string", "pattern": "^[A-Za-z ]{0,12}$"}, "age": {"type": "integer"},
                              "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3}}}
     return {"type": "array", "minItems": 100000, "items": record}
 
