@@ -4,7 +4,6 @@ number (looked up), or one that opens and closes them or holds escapes (followed
 
 from __future__ import annotations
 
-import json
 import random
 
 import jsonschema
@@ -13,6 +12,7 @@ import pytest
 
 from plugd.json_uniqueness import ITEMS, RepeatOnly, unique_arrays
 from plugd.runner_api import GrammarRefused, GrammarVocabulary
+from plugd.testing.grammar import parsed
 from plugd_llguidance.engine import LLGuidanceEngine
 from plugd_xgrammar.engine import XGrammarEngine
 
@@ -61,12 +61,6 @@ def walk(matcher, rng: random.Random) -> bytes | None:
     return None
 
 
-def pairs_once(pairs):
-    keys = [key for key, _ in pairs]
-    assert len(keys) == len(set(keys)), keys
-    return dict(pairs)
-
-
 @pytest.mark.parametrize("schema", [OPEN_KEYS, UNIQUE_WORDS, UNIQUE_NUMBERS], ids=["keys", "strings", "numbers"])
 def test_random_outputs_never_repeat(engine, schema):
     compiled, rng, outputs = engine.compile("json_schema", schema), random.Random(3), []
@@ -76,7 +70,7 @@ def test_random_outputs_never_repeat(engine, schema):
         except RepeatOnly:
             continue  # the walk wrote itself into a corner the schema leaves no way out of
         if out is not None:
-            value = json.loads(out, object_pairs_hook=pairs_once)
+            value = parsed(out)
             jsonschema.validate(value, schema)
             outputs.append(out)
     assert len(outputs) > 60

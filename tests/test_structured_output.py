@@ -27,6 +27,7 @@ from plugd import plugins
 from plugd.protocol import Completion, DoneEvent, GrammarSpec, PrefillEvent, RunnerConfig, SamplingParams
 from plugd.runner.grammar import TokenMask
 from plugd.scheduler.runner_client import RunnerProcess
+from plugd.testing.grammar import parsed
 from plugd.testing.server import LiveServer
 from plugd.testing.structured import json_leaning_checkpoint
 from plugd.tokenizer import Tokenizer
@@ -72,22 +73,13 @@ def generate(server: LiveServer, **body) -> httpx.Response:
     return httpx.post(f"{server.url}/api/generate", json=body, timeout=120)
 
 
-def _keys_once(pairs: list[tuple[str, object]]) -> dict:
-    keys = [key for key, _ in pairs]
-    if len(set(keys)) < len(keys):
-        raise KeyError(next(key for key in keys if keys.count(key) > 1))
-    return dict(pairs)
-
-
 def validate(schema: dict, text: str) -> str | None:
     """None if `text` is JSON valid under `schema` (formats checked where jsonschema can, no key written twice
     in an object), else why not."""
     try:
-        instance = json.loads(text, object_pairs_hook=_keys_once)
-    except json.JSONDecodeError as exc:
+        instance = parsed(text)
+    except ValueError as exc:
         return f"not JSON: {exc}"
-    except KeyError as exc:
-        return f"key {exc} written twice"
     validator = jsonschema.validators.validator_for(schema)
     error = jsonschema.exceptions.best_match(validator(schema, format_checker=validator.FORMAT_CHECKER)
                                              .iter_errors(instance))
