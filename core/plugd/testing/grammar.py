@@ -25,6 +25,13 @@ P = {"a": {"type": "string"}, "b": {"type": "integer"}, "c": {"type": "string"}}
 RANDOM_SCHEMAS = 1000
 
 
+def allowed_tokens(matcher, width: int = BYTES.width) -> list[int]:
+    """The tokens `matcher` allows next, of a vocabulary of `width`."""
+    bitmask = np.zeros((width + 31) // 32, np.int32)
+    matcher.fill_mask(bitmask)
+    return np.flatnonzero(np.unpackbits(bitmask.view(np.uint8), count=width, bitorder="little")).tolist()
+
+
 def accepts(engine: Compiler, schema: dict, instance) -> bool:
     """Whether the grammar lets a model write json.dumps(instance) and stop."""
     matcher = engine.compile("json_schema", schema).matcher()
@@ -131,10 +138,9 @@ class GrammarEngineChecks:
 
 def _random_walk(matcher, rng: random.Random, longest: int = 160) -> bytes | None:
     """Bytes the grammar allows, each drawn at random, until it lets the walk stop (None: not in `longest`)."""
-    out, bitmask = b"", np.zeros(9, np.int32)
+    out = b""
     for _ in range(longest):
-        matcher.fill_mask(bitmask)
-        allowed = [t for t in range(BYTES.width) if (bitmask[t // 32] >> (t % 32)) & 1]
+        allowed = allowed_tokens(matcher)
         if STOP in allowed and (len(allowed) == 1 or rng.random() < 0.3):
             return out
         token = rng.choice([t for t in allowed if t != STOP])
