@@ -7,18 +7,18 @@ from __future__ import annotations
 import random
 
 import jsonschema
-import numpy as np
 import pytest
 
 from plugd.json_uniqueness import ITEMS, RepeatOnly, unique_arrays
 from plugd.runner_api import GrammarRefused, GrammarVocabulary
-from plugd.testing.grammar import parsed
+from plugd.testing.grammar import allowed_tokens, parsed
 from plugd_llguidance.engine import LLGuidanceEngine
 from plugd_xgrammar.engine import XGrammarEngine
 
 # Every byte, then tokens of several bytes that hold quotes, as a real vocabulary has them.
 WORDS = [b'a"', b'b"', b'ab"', b'"a"', b'"b"', b'", "', b'": ', b'"a": ', b'\\"', b'\\u000a"', b'""', b'"}', b', "',
-         b'ab', b'ba', b'"]', b'1,', b'1]', b', 1', b', 1]', b'12', b'0,', b'.0,']
+         b'ab', b'ba', b'"]', b'1,', b'1]', b', 1', b', 1]', b'12', b'0,', b'.0,',
+         b'", "", "']
 TOKENS = [bytes([b]) for b in range(256)] + WORDS
 STOP = len(TOKENS)
 VOCABULARY = GrammarVocabulary([*TOKENS, b""], frozenset({STOP}))
@@ -37,9 +37,7 @@ def engine(request):
 
 
 def allowed(matcher) -> list[int]:
-    bitmask = np.zeros((VOCABULARY.width + 31) // 32, np.int32)
-    matcher.fill_mask(bitmask)
-    return [t for t in range(VOCABULARY.width) if (bitmask[t // 32] >> (t % 32)) & 1]
+    return allowed_tokens(matcher, VOCABULARY.width)
 
 
 def written(matcher, tokens: bytes | list[int]) -> None:
@@ -93,6 +91,14 @@ def test_a_key_is_the_same_key_however_it_is_escaped(engine):
     assert TOKENS.index(b'\\u000a"') not in allowed(matcher)  # "\n" again, escaped otherwise
     written(matcher, b"\\u000a")
     assert ord('"') not in allowed(matcher)  # the text so far holds an escape: each token followed
+
+
+def test_a_token_that_writes_an_item_twice_itself_is_taken_out(engine):
+    matcher = engine.compile("json_schema", ARRAY).matcher()
+    written(matcher, b'["')
+    assert TOKENS.index(b'", "", "') not in allowed(matcher)  # "" and "" again, in the first items of the array
+    written(matcher, b"a")
+    assert TOKENS.index(b'", "", "') in allowed(matcher)
 
 
 def test_keys_of_other_objects_do_not_count(engine):

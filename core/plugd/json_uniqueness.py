@@ -200,13 +200,13 @@ class _Follower:
                     encoded = value.encode("utf-8", "surrogatepass")  # a lone surrogate is only written escaped
                     if encoded.startswith(written) and (tokens := index.closing.get(encoded[len(written):])) is not None:
                         found.append(tokens)
-        if self._in_unique_array() and self.string is None and self.stack[-1].seen:
+        if self._in_unique_array() and self.string is None:  # a token may write two equal items itself
             written, seen = bytes(self.number or b""), self.stack[-1].seen
             for lead, tokens in index.number_ends.items():
                 if (number := written + lead) and number[0] in _NUMBER_START and _number(number) in seen:
                     found.append(tokens)
             found.append(followed(index.numbers_followed))
-        if any(container.seen for container in self.stack):
+        if any(container.seen is not None for container in self.stack):
             found.append(followed(index.followed))
         return found
 
@@ -239,6 +239,8 @@ class UniqueValues:
 
     def fill_mask(self, bitmask: np.ndarray) -> None:
         self._inner.fill_mask(bitmask)
+        if not any(container.seen is not None for container in self._follower.stack):
+            return  # no object, nor unique array, is open: nothing here can repeat
         allowed = np.unpackbits(bitmask.view(np.uint8), bitorder="little")
         tokens = [np.asarray(found, np.int64) for found in self._follower.repeating(self._index, allowed) if len(found)]
         if not tokens:
