@@ -18,7 +18,7 @@ A plugin module implements hooks with the `hookimpl` marker:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 import pluggy
@@ -81,11 +81,20 @@ def attention_layers(config: Mapping[str, Any]) -> list[LayerCache]:
 class MediaTokens:
     """How a vision model's prompt holds an image: the text its renderer writes for one (`placeholder`), the text
     that replaces each placeholder before tokenization (`expansion`), and the token of one image position
-    (`token_id`), of which the expansion holds exactly one run (its other tokens are text)."""
+    (`token_id`), of which the expansion holds exactly one run (its other tokens are text).
+
+    An architecture whose images take as many positions as their size asks
+    gives `expansion` as a function of the image's (width, height) in pixels,
+    as the checkpoint's processor resizes it; the daemon calls it, so it must
+    not need MLX."""
 
     placeholder: str
-    expansion: str
+    expansion: str | Callable[[int, int], str]
     token_id: int
+
+    def expand(self, width: int, height: int) -> str:
+        """The text that stands for an image of `width` x `height` pixels."""
+        return self.expansion if isinstance(self.expansion, str) else self.expansion(width, height)
 
 
 @define(frozen=True)
@@ -105,7 +114,12 @@ class Architecture:
     prompt holds an image, and its `Model` also gives `preprocess(image)`,
     `embed_media(pixels)` and takes `__call__(tokens, cache, media=[(start,
     embeddings)])` (see docs/plugins.md). Images in other formats are offered
-    to the media transcoders first.
+    to the media transcoders first. Where checkpoints of the model type may
+    come without their tower (text-only conversions), `media_tensors` names
+    the tower's tensor-name prefixes: only a checkpoint holding one takes images.
+    Towers the architecture does not run (Gemma 4's audio) are named in
+    `unsupported_towers`, input kind -> tensor-name prefixes, so that a model
+    whose checkpoint carries one is reported as not supporting that input.
 
     `cache_layers(config)` (MLX-free: the daemon calls it) says what each
     layer caches for the model's text config; the default, `attention_layers`,
@@ -119,10 +133,25 @@ class Architecture:
     media_types: frozenset[str] = frozenset()
     cache_layers: Callable[[Mapping[str, Any]], list[LayerCache]] = attention_layers
     media_tokens: Callable[[Mapping[str, Any]], MediaTokens] | None = None
+    media_tensors: tuple[str, ...] = ()
+    unsupported_towers: Mapping[str, tuple[str, ...]] = field(factory=dict, hash=False)
 
     def __attrs_post_init__(self) -> None:
         if self.media_types and self.media_tokens is None:
             raise ValueError(f"architecture {self.model_type!r} takes images but says no media_tokens")
+
+    def takes_images(self, tensor_names: Iterable[str]) -> bool:
+        """Whether a checkpoint of this architecture holding `tensor_names` sees images."""
+        if not self.media_types:
+            return False
+        return not self.media_tensors or any(name.startswith(self.media_tensors) for name in tensor_names)
+
+    def unsupported_inputs(self, tensor_names: Iterable[str]) -> list[str]:
+        """The kinds of input a checkpoint holding `tensor_names` has a tower for that this architecture does not
+        run."""
+        names = list(tensor_names)
+        return [kind for kind, prefixes in self.unsupported_towers.items()
+                if any(name.startswith(prefixes) for name in names)]
 
 
 @define(frozen=True)

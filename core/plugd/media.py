@@ -54,6 +54,12 @@ def checked_format(data: bytes) -> str:
     return kind
 
 
+def image_size(data: bytes) -> tuple[int, int]:
+    """(width, height) of an image that `image` has checked, read from its header."""
+    with Image.open(io.BytesIO(data)) as opened:
+        return opened.size
+
+
 def base64_image(text: str, declared_mime: str | None = None) -> Media:
     try:
         data = base64.b64decode(text, validate=True)

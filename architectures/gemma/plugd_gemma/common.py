@@ -9,7 +9,7 @@ Configs come in two vintages. Older ones give the rotary bases as
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from plugd.nn.attention import scaled_dot_product_attention
 from plugd.nn.cache import KVCache
 from plugd.nn.rotating import RotatingKVCache, window_mask
 from plugd_gemma.config import FULL, SLIDING
+from plugd_gemma.spans import Span, span_mask
 
 
 @dataclass(frozen=True)
@@ -100,15 +101,19 @@ def make_layer_cache(kind: str, window: int) -> KVCache | RotatingKVCache:
 
 
 def attend(
-    queries: mx.array, keys: mx.array, values: mx.array, scale: float, window: int | None, cache
+    queries: mx.array, keys: mx.array, values: mx.array, scale: float, window: int | None, cache,
+    spans: Sequence[Span] = (), offset: int = 0,
 ) -> tuple[mx.array, tuple[mx.array, mx.array, Any]]:
-    """Attention of (batch, heads, length, head_dim) queries over the cache (when given) plus the new keys and
-    values, causal, and within `window` positions for sliding layers. Returns the output and the (keys, values,
-    mask) it used, which Gemma 4's KV-sharing layers attend over as they are."""
+    """Attention of (batch, heads, length, head_dim) queries at `offset` over the cache (when given) plus the new
+    keys and values, causal, and within `window` positions for sliding layers; `spans` of media positions (relative
+    to `offset`) see each other in both directions. Returns the output and the (keys, values, mask) it used, which
+    Gemma 4's KV-sharing layers attend over as they are."""
     length = queries.shape[2]
     if cache is not None:
         keys, values = cache.update_and_fetch(keys, values)
-    if cache is not None:
+    if spans:
+        mask = span_mask(offset, length, keys.shape[2], window, spans)
+    elif cache is not None:
         mask = cache.mask(length)
     elif window is None:
         mask = "causal" if length > 1 else None

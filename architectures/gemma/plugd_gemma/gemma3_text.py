@@ -38,7 +38,7 @@ from plugd_gemma.common import (
     soft_cap,
 )
 from plugd_gemma.config import FULL, SLIDING, layer_types
-from plugd_gemma.spans import Span, place_media, span_mask, spans_of
+from plugd_gemma.spans import Span, place_media, spans_of
 
 ROPE_DEFAULTS = {FULL: {"rope_theta": 1_000_000.0}, SLIDING: {"rope_theta": 10_000.0}}
 
@@ -111,13 +111,8 @@ class Attention(nn.Module):
         queries, keys = self.rope(queries, offset), self.rope(keys, offset)
         if mask is not None:  # given whole by the caller, for a cacheless pass
             out = attend_shared(queries, (keys, values, mask), self.scale)
-        elif spans:
-            if cache is not None:
-                keys, values = cache.update_and_fetch(keys, values)
-            mask = span_mask(offset, length, keys.shape[2], self.window, spans)
-            out = attend_shared(queries, (keys, values, mask), self.scale)
         else:
-            out, _ = attend(queries, keys, values, self.scale, self.window, cache)
+            out, _ = attend(queries, keys, values, self.scale, self.window, cache, spans, offset)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))
 
 

@@ -4,9 +4,10 @@ Like Gemma 3 it interleaves sliding-window and global layers, with
 post-attention and post-feed-forward norms and scaled embeddings; unlike it:
 - norms scale by `weight` (not 1 + weight), values are RMS-normalised without
   a scale, and attention scores are not scaled (the norms take care of it);
-- global layers may use wider heads (`global_head_dim`), fewer key/value
-  heads with keys doubling as values (`attention_k_eq_v`), and a
-  "proportional" rotary embedding over part of each head;
+- global layers may use wider heads (`global_head_dim`, or in
+  `per_layer_config` as transformers 5 writes it), fewer key/value heads
+  with keys doubling as values (`attention_k_eq_v`), and a "proportional"
+  rotary embedding over part of each head;
 - the last `num_kv_shared_layers` layers compute no keys or values of their
   own: each attends over those of the last earlier layer of its kind, and
   with `use_double_wide_mlp` has a feed-forward twice as wide;
@@ -17,11 +18,16 @@ post-attention and post-feed-forward norms and scaled embeddings; unlike it:
   logits are soft-capped;
 - with `enable_moe_block` (the 26B-A4B), every layer adds a mixture of GeGLU
   experts to its dense feed-forward (see DecoderLayer.feed_forward).
+
+`media` (used by the gemma4 vision model) replaces the scaled embeddings of
+spans of positions with image embeddings before the per-layer inputs project
+them; with `use_bidirectional_attention: "vision"` each span attends to
+itself in both directions on the sliding layers (global layers stay causal).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +51,8 @@ from plugd_gemma.common import (
     rope_settings,
     soft_cap,
 )
-from plugd_gemma.config import FULL, SLIDING, layer_types
+from plugd_gemma.config import FULL, SLIDING, gemma4_global_heads, layer_types
+from plugd_gemma.spans import Span, place_media, spans_of
 
 ROPE_DEFAULTS = {
     FULL: {"rope_theta": 1_000_000.0, "rope_type": "proportional", "partial_rotary_factor": 0.25},
@@ -73,6 +80,8 @@ class ModelArgs(DecoderShape):
     vocab_size_per_layer_input: int
     final_logit_softcapping: float | None
     tie_word_embeddings: bool
+    bidirectional_vision: bool = False
+    pad_token_id: int = 0
     num_experts: int = 0
     top_k_experts: int = 0
     moe_intermediate_size: int = 0
@@ -84,11 +93,12 @@ class ModelArgs(DecoderShape):
         missing = [key for key in MOE_KEYS if moe and not config.get(key)]
         if missing:
             raise ValueError(f"the mixture-of-experts block (enable_moe_block) needs {', '.join(missing)} in config.json")
+        global_head_dim, global_kv_heads = gemma4_global_heads(config)
         return cls(
             **DecoderShape.fields(config),
-            num_global_key_value_heads=config.get("num_global_key_value_heads"),
+            num_global_key_value_heads=global_kv_heads,
             head_dim=config.get("head_dim", 256),
-            global_head_dim=config.get("global_head_dim", 512),
+            global_head_dim=global_head_dim,
             sliding_window=config.get("sliding_window", 512),
             layer_types=tuple(layer_types(config, default_pattern=5)),
             rope=rope_settings(config, ROPE_DEFAULTS),
@@ -100,6 +110,8 @@ class ModelArgs(DecoderShape):
             vocab_size_per_layer_input=config.get("vocab_size_per_layer_input", 262144),
             final_logit_softcapping=config.get("final_logit_softcapping", 30.0),
             tie_word_embeddings=config.get("tie_word_embeddings", True),
+            bidirectional_vision=config.get("use_bidirectional_attention") == "vision",
+            pad_token_id=config.get("pad_token_id", 0),
             **{key: config[key] if moe else 0 for key in MOE_KEYS},
         )
 
@@ -149,9 +161,9 @@ class Attention(nn.Module):
             self.v_norm = ScalelessRMSNorm(args.rms_norm_eps)
         self.rope = GemmaRoPE(self.head_dim, args.rope[kind], args.rope_traditional)
 
-    def __call__(self, x: mx.array, cache, shared, offset: int):
-        """Attend over this layer's own cache, or over `shared` (keys, values, mask) for a KV-sharing layer.
-        Returns the output and what a later layer of the same kind may share."""
+    def __call__(self, x: mx.array, cache, shared, offset: int, spans: Sequence[Span]):
+        """Attend over this layer's own cache, or over `shared` (keys, values, mask) for a KV-sharing layer, with
+        `spans` bidirectional. Returns the output and what a later layer of the same kind may share."""
         batch, length, _ = x.shape
 
         def split_heads(y: mx.array, heads: int) -> mx.array:
@@ -163,7 +175,7 @@ class Attention(nn.Module):
             raw_values = raw_keys if self.keys_are_values else split_heads(self.v_proj(x), self.kv_heads)
             keys = self.rope(self.k_norm(raw_keys).transpose(0, 2, 1, 3), offset)
             values = self.v_norm(raw_values).transpose(0, 2, 1, 3)
-            out, shared = attend(queries, keys, values, 1.0, self.window, cache)
+            out, shared = attend(queries, keys, values, 1.0, self.window, cache, spans, offset)
         else:
             out = attend_shared(queries, shared, 1.0)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1)), shared
@@ -224,8 +236,9 @@ class DecoderLayer(nn.Module):
             self.post_per_layer_input_norm = RMSNorm(h, eps)
         self.layer_scalar = mx.ones((1,))
 
-    def __call__(self, x: mx.array, cache, shared, offset: int, per_layer_input: mx.array | None):
-        attended, shared = self.self_attn(self.input_layernorm(x), cache, shared, offset)
+    def __call__(self, x: mx.array, cache, shared, offset: int, per_layer_input: mx.array | None,
+                 spans: Sequence[Span]):
+        attended, shared = self.self_attn(self.input_layernorm(x), cache, shared, offset, spans)
         h = x + self.post_attention_layernorm(attended)
         h = h + self.post_feedforward_layernorm(self.feed_forward(h))
         if per_layer_input is not None:
@@ -269,17 +282,20 @@ class Decoder(nn.Module):
         mixed = (projected + embedded.reshape(*h.shape[:2], layers, per_layer)) * 2**-0.5
         return [mixed[:, :, i] for i in range(layers)]
 
-    def __call__(self, tokens: mx.array, cache: list) -> mx.array:
+    def __call__(self, tokens: mx.array, cache: list, media: Sequence[tuple[int, mx.array]] = ()) -> mx.array:
         h = self.embed_tokens(tokens)
         h = h * embedding_scale(self.args.hidden_size, h.dtype)
+        if media:
+            h = place_media(h, media)
         per_layer = self.per_layer_inputs(tokens, h) if self.args.hidden_size_per_layer_input else None
         offset = 0 if cache[0] is None else cache[0].offset
+        spans = {SLIDING: spans_of(media) if self.args.bidirectional_vision else (), FULL: ()}
         shared: list = []
         for i, layer in enumerate(self.layers):
             source = self.args.kv_source(i)
             layer_cache = cache[i] if source == i else None
             h, kv = layer(h, layer_cache, shared[source] if source != i else None, offset,
-                          None if per_layer is None else per_layer[i])
+                          None if per_layer is None else per_layer[i], spans[self.args.layer_types[i]])
             shared.append(kv)
         return self.norm(h)
 
@@ -288,10 +304,12 @@ class Model(LanguageModel):
     def __init__(self, args: ModelArgs):
         super().__init__(args, Decoder(args))
 
-    def __call__(self, tokens: mx.array, cache: list | None = None) -> mx.array:
-        """(batch, length) int32 token ids -> (batch, length, vocab) logits, appending to `cache` when given.
-        The cache holds one entry per layer that computes keys and values (see make_cache)."""
-        h = self.model(tokens, cache if cache is not None else [None] * self.args.kv_layers)
+    def __call__(self, tokens: mx.array, cache: list | None = None, media: Sequence[tuple[int, mx.array]] = ()
+                 ) -> mx.array:
+        """(batch, length) int32 token ids -> (batch, length, vocab) logits, appending to `cache` when given; `media`
+        spans (start, (n, hidden) embeddings) take those embeddings. The cache holds one entry per layer that
+        computes keys and values (see make_cache)."""
+        h = self.model(tokens, cache if cache is not None else [None] * self.args.kv_layers, media)
         return soft_cap(self.logits(h), self.args.final_logit_softcapping)
 
     @property

@@ -1,7 +1,7 @@
 """Gemma 4's mixture-of-experts layers (enable_moe_block, the 26B-A4B's shape) against mlx-lm's gemma4_text on a tiny
 checkpoint with transformers 5's fused expert tensors: logits after a 200-token prompt (whole, and in chunks through
 the rotating caches), greedy decoding, a 4-bit checkpoint converted by mlx-lm (router at 8 bits), and the same
-weights in the hub's layout (model_type gemma4, a vision tower beside the language model) against mlx-lm's gemma4."""
+weights in the hub's layout (model_type gemma4, a vision config but no tower) against mlx-lm's gemma4."""
 
 from __future__ import annotations
 
@@ -88,8 +88,9 @@ def test_an_incomplete_moe_config_is_refused_by_name():
 
 
 def as_hub_layout(source: Path, target: Path) -> Path:
-    """The checkpoint as Gemma4ForConditionalGeneration holds it: text settings in text_config, the decoder's tensors
-    under model.language_model., and a vision tower (one tensor of it) that text-only loaders drop."""
+    """The checkpoint as Gemma4ForConditionalGeneration holds it: text settings in text_config (a vision_config
+    beside them), the decoder's tensors under model.language_model., no vision tower (so it runs text only) and an
+    audio tower (one tensor of it) that is dropped."""
     target.mkdir()
     text = json.loads((source / "config.json").read_text())
     config = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
@@ -98,7 +99,7 @@ def as_hub_layout(source: Path, target: Path) -> Path:
     (target / "config.json").write_text(json.dumps(config))
     tensors = {"model.language_model." + name.removeprefix("model."): tensor
                for name, tensor in mx.load(str(source / "model.safetensors")).items()}
-    tensors["model.vision_tower.patch_embedder.weight"] = mx.zeros((4, 4))
+    tensors["model.audio_tower.subsample_conv_projection.weight"] = mx.zeros((4, 4))
     mx.save_safetensors(str(target / "model.safetensors"), tensors, metadata={"format": "pt"})
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         (target / name).write_bytes((source / name).read_bytes())

@@ -48,6 +48,11 @@ class ResolvedModel:
         """Whether this is an embedding model (a sentence-transformers layout), which embeds and generates not."""
         return "embedding" in self.config
 
+    @property
+    def takes_images(self) -> bool:
+        """Whether the model sees images: its architecture has a vision tower, and so does its checkpoint."""
+        return self.architecture is not None and self.architecture.takes_images(self.tensors)
+
     def require_architecture(self) -> Architecture:
         if self.architecture is None:
             model_type = self.model_files.config.get("model_type")

@@ -233,7 +233,7 @@ async def _whole_prompt(services: Services, model: ResolvedModel, request: ChatR
 
 
 def _media_preparer(services: Services, model: ResolvedModel) -> MediaPreparer:
-    return MediaPreparer(services.registry, model.name, model.architecture)
+    return MediaPreparer(services.registry, model.name, model.architecture if model.takes_images else None)
 
 
 async def render_only(services: Services, request: ChatRequest) -> Prompt:

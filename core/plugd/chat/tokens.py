@@ -1,6 +1,6 @@
 """Each model's tokenizer on the daemon's side (the `tokenizers` library, no MLX): prompts are counted and encoded
-here, once, each image's placeholder expanded as the architecture declares (`Architecture.media_tokens`), instead
-of in round trips to the runner; counting needs no loaded model."""
+here, once, each image's placeholder expanded as the architecture declares (`Architecture.media_tokens`, for the
+image's size), instead of in round trips to the runner; counting needs no loaded model."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from attrs import define
 from plugd.chat.models import ResolvedModel
 from plugd.chat.request import InvalidRequest
 from plugd.hookspecs import MediaTokens
+from plugd.media import image_size
 from plugd.protocol import MediaSpan
 from plugd.tokenizer import Tokenizer
 from plugd.types import Prompt
@@ -33,10 +34,9 @@ def tokenizer_of(model: ResolvedModel) -> Tokenizer:
 
 def media_tokens_of(model: ResolvedModel) -> MediaTokens | None:
     """How the model's prompts hold images; None for a model without vision."""
-    architecture = model.architecture
-    if architecture is None or architecture.media_tokens is None:
+    if not model.takes_images:
         return None
-    return architecture.media_tokens(model.model_files.config)
+    return model.require_architecture().media_tokens(model.model_files.config)
 
 
 @define
@@ -56,7 +56,8 @@ def encode_prompt(tokenizer: Tokenizer, media_tokens: MediaTokens | None, prompt
     if len(pieces) - 1 != len(prompt.media):
         raise InvalidRequest(f"the prompt has {len(pieces) - 1} image placeholders ({media_tokens.placeholder}) "
                              f"but the request carries {len(prompt.media)} images")
-    tokens = tokenizer.encode(media_tokens.expansion.join(pieces))
+    expansions = [media_tokens.expand(*image_size(item.data)) for item in prompt.media]
+    tokens = tokenizer.encode("".join(piece + expansion for piece, expansion in zip(pieces, [*expansions, ""])))
     runs = token_runs(tokens, media_tokens.token_id)
     if len(runs) != len(prompt.media):
         raise InvalidRequest(f"the prompt holds {len(runs)} runs of image tokens for {len(prompt.media)} images: "

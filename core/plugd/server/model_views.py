@@ -106,7 +106,8 @@ SHAPE_KEYS = {
 
 def model_info(store: Store, model: StoredModel, config: dict[str, Any]) -> dict[str, Any]:
     """Ollama's model_info: the architecture, its parameter count and context length, the shape numbers the
-    checkpoint's config.json gives (a multimodal model's from its text model), and where it was pulled from."""
+    checkpoint's config.json gives (a multimodal model's from its text model), the inputs its checkpoint has a
+    tower for that plugd does not run, and where it was pulled from."""
     family = config.get("model_family", "")
     hf_config = read_json(store, model.manifest.files(), "config.json")
     text = hf_config.get("text_config") or hf_config
@@ -117,6 +118,8 @@ def model_info(store: Store, model: StoredModel, config: dict[str, Any]) -> dict
     rope_theta = text.get("rope_theta") or (text.get("rope_parameters") or {}).get("rope_theta")
     if rope_theta is not None:
         info[f"{family}.rope.freq_base"] = rope_theta
+    if unsupported := config.get("unsupported_inputs"):  # towers the checkpoint carries and plugd does not run
+        info["plugd.unsupported_inputs"] = unsupported
     if origin := config.get("origin"):  # a model pulled from the Hugging Face Hub: the repository and its commit
         info |= {"general.source": origin.get("source"), "general.source_revision": origin.get("revision"),
                  "general.source_commit": origin.get("commit")}

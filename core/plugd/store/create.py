@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from attrs import define, field
@@ -142,15 +142,17 @@ def _quantized(store: Store, architecture: Architecture, draft: _Draft, config: 
     return files, read_json(store, files, "config.json", required=True), _tensors(store, quantized)
 
 
-def infer_capabilities(chat_template: str | None, architecture: Architecture | None) -> list[str]:
-    """What the model can do, read from its chat template; `vision` when its architecture has an image tower."""
+def infer_capabilities(chat_template: str | None, architecture: Architecture | None,
+                       tensor_names: Iterable[str] = ()) -> list[str]:
+    """What the model can do, read from its chat template; `vision` when its architecture sees images with the
+    checkpoint's tensors."""
     template = chat_template or ""
     found = ["completion"]
     if "tools" in template:
         found.append("tools")
     if "<think>" in template or "enable_thinking" in template or "reasoning_content" in template:
         found.append("thinking")
-    if architecture is not None and architecture.media_types:
+    if architecture is not None and architecture.takes_images(tensor_names):
         found.append("vision")
     return found
 
@@ -232,7 +234,7 @@ def create_model(store: Store, registry: Registry, req: CreateRequest, status: C
     capabilities = req.capabilities
     if capabilities is None:
         capabilities = base.get("capabilities") or (
-            ["embedding"] if layout is not None else infer_capabilities(template, architecture))
+            ["embedding"] if layout is not None else infer_capabilities(template, architecture, tensors))
     if unknown := set(capabilities) - set(CAPABILITIES):
         raise CreateError(f"unknown capabilities {sorted(unknown)}; known: {', '.join(CAPABILITIES)}")
     params_layer = draft.extra.get(mt.PARAMS)
@@ -261,6 +263,10 @@ def create_model(store: Store, registry: Registry, req: CreateRequest, status: C
     }
     if layout is not None:
         model_config["embedding"] = unstructure(layout)
+    if unsupported := (architecture.unsupported_inputs(tensors) if architecture is not None else []):
+        model_config["unsupported_inputs"] = unsupported
+        for kind in unsupported:
+            status(f"the checkpoint's {kind} tower is not supported: it is not loaded, and {kind} input is refused")
     if origin := origin or base.get("origin"):
         model_config["origin"] = origin
     data = json.dumps(model_config, indent=2).encode()
