@@ -8,17 +8,11 @@ import mlx.core as mx
 import numpy as np
 from PIL import Image
 
+from plugd.nn.media import to_rgb
+
 MEAN = 0.5
 STD = 0.5
 RESCALE = 1 / 255
-
-
-def to_rgb(image: Image.Image) -> Image.Image:
-    if "A" in image.getbands() or image.info.get("transparency") is not None:
-        image = image.convert("RGBA")
-        background = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        return Image.alpha_composite(background, image).convert("RGB")
-    return image.convert("RGB")
 
 
 def preprocess(image: Image.Image, size: int) -> mx.array:

@@ -26,6 +26,7 @@ import mlx.nn as nn
 from plugd.nn.activations import gelu_approx
 from plugd.nn.decoder import DecoderShape, LanguageModel
 from plugd.nn.linear import Embedding, Linear
+from plugd.nn.media import place_media
 from plugd.nn.mlp import GatedMLP
 from plugd_gemma.common import (
     GemmaRoPE,
@@ -38,7 +39,7 @@ from plugd_gemma.common import (
     soft_cap,
 )
 from plugd_gemma.config import FULL, SLIDING, layer_types
-from plugd_gemma.spans import Span, place_media, spans_of
+from plugd_gemma.spans import Span, spans_of
 
 ROPE_DEFAULTS = {FULL: {"rope_theta": 1_000_000.0}, SLIDING: {"rope_theta": 10_000.0}}
 

@@ -9,8 +9,9 @@ import mlx.core as mx
 import numpy as np
 from PIL import Image
 
+from plugd.nn.media import to_rgb
 from plugd_gemma.config import gemma4_resized
-from plugd_gemma.gemma3_processor import RESCALE, to_rgb
+from plugd_gemma.gemma3_processor import RESCALE
 
 
 def preprocess(image: Image.Image, patch: int, kernel: int, budget: int) -> mx.array:

@@ -37,6 +37,7 @@ import mlx.nn as nn
 from plugd.nn.activations import gelu_approx
 from plugd.nn.decoder import DecoderShape, LanguageModel
 from plugd.nn.linear import Embedding, Linear
+from plugd.nn.media import place_media
 from plugd.nn.mlp import GatedMLP
 from plugd.nn.norms import RMSNorm
 from plugd.nn.switch import routers_at_8_bits
@@ -52,7 +53,7 @@ from plugd_gemma.common import (
     soft_cap,
 )
 from plugd_gemma.config import FULL, SLIDING, gemma4_global_heads, layer_types
-from plugd_gemma.spans import Span, place_media, spans_of
+from plugd_gemma.spans import Span, spans_of
 
 ROPE_DEFAULTS = {
     FULL: {"rope_theta": 1_000_000.0, "rope_type": "proportional", "partial_rotary_factor": 0.25},

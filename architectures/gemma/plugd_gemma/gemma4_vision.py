@@ -24,6 +24,7 @@ import mlx.nn as nn
 
 from plugd.nn.activations import gelu_approx
 from plugd.nn.attention import scaled_dot_product_attention
+from plugd.nn.linear import TowerLinear
 from plugd.nn.norms import RMSNorm
 from plugd_gemma.config import GEMMA4_VISION_DEFAULTS
 
@@ -71,23 +72,12 @@ class VisionArgs:
         )
 
 
-class DenseLinear(nn.Module):
-    """y = x W^T, with no quantized twin: the tower stays at the checkpoint's precision."""
-
-    def __init__(self, in_dims: int, out_dims: int):
-        super().__init__()
-        self.weight = mx.zeros((out_dims, in_dims))
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return x @ self["weight"].T
-
-
 class ClippableLinear(nn.Module):
-    """A DenseLinear under `linear`, its input and output clamped to the checkpoint's bounds when it has them."""
+    """A TowerLinear under `linear`, its input and output clamped to the checkpoint's bounds when it has them."""
 
     def __init__(self, in_dims: int, out_dims: int, clipped: bool):
         super().__init__()
-        self.linear = DenseLinear(in_dims, out_dims)
+        self.linear = TowerLinear(in_dims, out_dims, bias=False)
         if clipped:
             for bound, value in (("input_min", -mx.inf), ("input_max", mx.inf), ("output_min", -mx.inf),
                                  ("output_max", mx.inf)):
@@ -183,7 +173,7 @@ class Encoder(nn.Module):
 class PatchEmbedder(nn.Module):
     def __init__(self, args: VisionArgs):
         super().__init__()
-        self.input_proj = DenseLinear(3 * args.patch_size**2, args.hidden_size)
+        self.input_proj = TowerLinear(3 * args.patch_size**2, args.hidden_size, bias=False)
         self.position_embedding_table = mx.zeros((2, args.position_embedding_size, args.hidden_size))
 
     def __call__(self, patches: mx.array, positions: mx.array) -> mx.array:
@@ -231,7 +221,7 @@ class MultimodalEmbedder(nn.Module):
     def __init__(self, vision_dims: int, text_dims: int, eps: float):
         super().__init__()
         self.eps = eps
-        self.embedding_projection = DenseLinear(vision_dims, text_dims)
+        self.embedding_projection = TowerLinear(vision_dims, text_dims, bias=False)
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.embedding_projection(mx.fast.rms_norm(x, None, self.eps))

@@ -20,6 +20,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from plugd.nn.attention import scaled_dot_product_attention
+from plugd.nn.linear import TowerLinear
+from plugd.nn.norms import LayerNorm
 
 
 @dataclass(frozen=True)
@@ -56,39 +58,16 @@ class VisionArgs:
         return self.image_size // self.patch_size
 
 
-class BiasedLinear(nn.Module):
-    """y = x W^T + b, W shaped (out, in) as checkpoints store it."""
-
-    def __init__(self, in_dims: int, out_dims: int):
-        super().__init__()
-        self.weight = mx.zeros((out_dims, in_dims))
-        self.bias = mx.zeros((out_dims,))
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return mx.addmm(self["bias"], x, self["weight"].T)
-
-
-class LayerNorm(nn.Module):
-    def __init__(self, dims: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = mx.ones((dims,))
-        self.bias = mx.zeros((dims,))
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return mx.fast.layer_norm(x, self["weight"], self["bias"], self.eps)
-
-
 class Attention(nn.Module):
     def __init__(self, args: VisionArgs):
         super().__init__()
         dims = args.hidden_size
         self.heads = args.num_attention_heads
         self.scale = (dims // self.heads) ** -0.5
-        self.q_proj = BiasedLinear(dims, dims)
-        self.k_proj = BiasedLinear(dims, dims)
-        self.v_proj = BiasedLinear(dims, dims)
-        self.out_proj = BiasedLinear(dims, dims)
+        self.q_proj = TowerLinear(dims, dims)
+        self.k_proj = TowerLinear(dims, dims)
+        self.v_proj = TowerLinear(dims, dims)
+        self.out_proj = TowerLinear(dims, dims)
 
     def __call__(self, x: mx.array) -> mx.array:
         batch, length, _ = x.shape
@@ -104,8 +83,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, args: VisionArgs):
         super().__init__()
-        self.fc1 = BiasedLinear(args.hidden_size, args.intermediate_size)
-        self.fc2 = BiasedLinear(args.intermediate_size, args.hidden_size)
+        self.fc1 = TowerLinear(args.hidden_size, args.intermediate_size)
+        self.fc2 = TowerLinear(args.intermediate_size, args.hidden_size)
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.fc2(nn.gelu_approx(self.fc1(x)))

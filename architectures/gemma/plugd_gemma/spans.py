@@ -1,5 +1,5 @@
-"""Media spans in a Gemma forward: positions whose input embeddings come from an image, and that attend to each other
-in both directions.
+"""Media spans in a Gemma forward: positions whose input embeddings come from an image (plugd.nn.media), and that
+attend to each other in both directions.
 
 A span is (start, length) within one call's positions. As transformers builds
 Gemma 3's masks from token_type_ids: a full-attention layer lets a query see
@@ -15,15 +15,6 @@ from collections.abc import Sequence
 import mlx.core as mx
 
 Span = tuple[int, int]
-
-
-def place_media(embeddings: mx.array, media: Sequence[tuple[int, mx.array]]) -> mx.array:
-    """(1, length, hidden) token embeddings with each media item's (n, hidden) rows written at its start."""
-    for start, rows in media:
-        if start < 0 or start + rows.shape[0] > embeddings.shape[1]:
-            raise ValueError(f"media span {start}..{start + rows.shape[0]} lies outside the {embeddings.shape[1]} inputs")
-        embeddings[:, start : start + rows.shape[0], :] = rows.astype(embeddings.dtype)
-    return embeddings
 
 
 def spans_of(media: Sequence[tuple[int, mx.array]]) -> tuple[Span, ...]:

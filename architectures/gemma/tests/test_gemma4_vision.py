@@ -16,14 +16,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from plugd.nn.linear import QuantizedLinear
+from plugd.nn.linear import QuantizedLinear, TowerLinear
 from plugd.runner.errors import CheckpointError
 from plugd.runner.loading import load_model
 from plugd.runner.quantize import quantize_checkpoint
 from plugd.tokenizer import Tokenizer
 from plugd_gemma import gemma4, plugd_architectures
 from plugd_gemma.config import gemma4_media_tokens
-from plugd_gemma.gemma4_vision import DenseLinear
 
 pytest.importorskip("torch")
 from plugd.testing.gemma4_vision_checkpoints import SOFT_TOKENS, VISION, write_gemma4_vision  # noqa: E402
@@ -185,8 +184,8 @@ def test_quantized_checkpoint_keeps_the_tower_dense(checkpoint, models, tmp_path
     quantize_checkpoint(checkpoint, tmp_path / "q4", gemma4, bits=4, group_size=32)
     quantized = load_model(tmp_path / "q4", gemma4)
     assert isinstance(quantized.language_model.model.layers[0].self_attn.q_proj, QuantizedLinear)
-    assert isinstance(quantized.vision_tower.encoder.layers[0].self_attn.q_proj.linear, DenseLinear)
-    assert isinstance(quantized.embed_vision.embedding_projection, DenseLinear)
+    assert isinstance(quantized.vision_tower.encoder.layers[0].self_attn.q_proj.linear, TowerLinear)
+    assert isinstance(quantized.embed_vision.embedding_projection, TowerLinear)
     patches = ours.preprocess(IMAGES["png"])[None]
     assert mx.array_equal(quantized.embed_media(patches), ours.embed_media(patches))
 
@@ -222,3 +221,12 @@ def test_a_tower_missing_some_tensors_is_refused(checkpoint, tmp_path):
     broken = stripped(checkpoint, tmp_path / "broken", lambda name: "encoder.layers.1." not in name)
     with pytest.raises(CheckpointError, match="missing tensor vision_tower.encoder.layers.1"):
         load_model(broken, gemma4)
+
+
+def test_images_of_one_size_embed_in_one_batch_as_each_alone(models):
+    """The runner stacks images whose preprocessed shapes agree."""
+    ours, _ = models
+    twins = [ours.preprocess(IMAGES["png"]), ours.preprocess(IMAGES["png"].transpose(Image.Transpose.FLIP_LEFT_RIGHT))]
+    together = ours.embed_media(mx.stack(twins))
+    for i, patches in enumerate(twins):
+        assert np.abs(np.array(together[i]) - np.array(ours.embed_media(patches[None])[0])).max() <= 1e-5

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from plugd.nn.linear import QuantizedLinear
+from plugd.nn.linear import QuantizedLinear, TowerLinear
 from plugd.nn.rotating import RotatingKVCache
 from plugd.runner.loading import load_model
 from plugd.runner.quantize import quantize_checkpoint
@@ -24,7 +24,6 @@ from plugd.testing.checkpoints import BASE_CONFIGS, write_checkpoint
 from plugd.tokenizer import Tokenizer
 from plugd_gemma import gemma3
 from plugd_gemma.config import gemma3_media_tokens
-from plugd_gemma.siglip import BiasedLinear
 
 TOLERANCE = 1e-4
 # The tiny text model slides over 32 positions; "narrow window" makes it 8, shorter than an image's 16 positions.
@@ -246,7 +245,7 @@ def test_quantized_checkpoint_keeps_the_vision_tower_dense(checkpoint, ours, tmp
     quantize_checkpoint(checkpoint, tmp_path / "q4", gemma3, bits=4, group_size=32)
     quantized = load_model(tmp_path / "q4", gemma3)
     assert isinstance(quantized.language_model.model.layers[0].self_attn.q_proj, QuantizedLinear)
-    assert isinstance(quantized.vision_tower.vision_model.encoder.layers[0].self_attn.q_proj, BiasedLinear)
+    assert isinstance(quantized.vision_tower.vision_model.encoder.layers[0].self_attn.q_proj, TowerLinear)
     pixels = mx.stack([ours.preprocess(image) for image in IMAGES.values()])
     assert mx.array_equal(quantized.embed_media(pixels), ours.embed_media(pixels))
 

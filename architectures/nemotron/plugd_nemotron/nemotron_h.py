@@ -13,7 +13,7 @@ stacked as MLX-converted checkpoints hold them (`mixer.switch_mlp.fc1.weight`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ from plugd.nn.attention import attend
 from plugd.nn.cache import KVCache
 from plugd.nn.linear import Embedding, Linear
 from plugd.nn.mamba import selective_scan, time_steps
+from plugd.nn.media import place_media
 from plugd.nn.norms import RMSNorm
 from plugd.nn.recurrent import RecurrentCache
 from plugd.nn.short_conv import ShortConv, fold_conv_weights
@@ -290,8 +291,11 @@ class Backbone(nn.Module):
         self.layers = [Block(args, kind) for kind in args.pattern]
         self.norm_f = RMSNorm(args.hidden_size, args.layer_norm_epsilon)
 
-    def __call__(self, tokens: mx.array, cache: list[RecurrentCache | KVCache] | None) -> mx.array:
+    def __call__(self, tokens: mx.array, cache: list[RecurrentCache | KVCache] | None,
+                 media: Sequence[tuple[int, mx.array]] = ()) -> mx.array:
         h = self.embeddings(tokens)
+        if media:
+            h = place_media(h, media)
         caches = iter(cache) if cache is not None else None
         for layer in self.layers:
             h = layer(h, next(caches) if caches is not None and layer.has_cache else None)
@@ -306,9 +310,11 @@ class Model(nn.Module):
         if not args.tie_word_embeddings:
             self.lm_head = Linear(args.hidden_size, args.vocab_size)
 
-    def __call__(self, tokens: mx.array, cache: list[RecurrentCache | KVCache] | None = None) -> mx.array:
-        """(batch, length) int32 token ids -> (batch, length, vocab) logits, advancing `cache` when given."""
-        h = self.backbone(tokens, cache)
+    def __call__(self, tokens: mx.array, cache: list[RecurrentCache | KVCache] | None = None,
+                 media: Sequence[tuple[int, mx.array]] = ()) -> mx.array:
+        """(batch, length) int32 token ids -> (batch, length, vocab) logits, advancing `cache` when given; `media`
+        spans (start, (n, hidden) embeddings) take those embeddings instead of their tokens'."""
+        h = self.backbone(tokens, cache, media)
         if self.args.tie_word_embeddings:
             return self.backbone.embeddings.as_linear(h)
         return self.lm_head(h)

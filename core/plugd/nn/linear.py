@@ -27,6 +27,22 @@ class Linear(nn.Module):
         return QuantizedLinear(self.weight.shape, group_size, bits)
 
 
+class TowerLinear(nn.Module):
+    """y = x W^T (+ b), W shaped (out, in), with no quantized twin: quantizing a model leaves it at the
+    checkpoint's precision, as vision towers stay."""
+
+    def __init__(self, in_dims: int, out_dims: int, bias: bool = True):
+        super().__init__()
+        self.weight = mx.zeros((out_dims, in_dims))
+        if bias:
+            self.bias = mx.zeros((out_dims,))
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if "bias" in self:
+            return mx.addmm(self["bias"], x, self["weight"].T)
+        return x @ self["weight"].T
+
+
 class Embedding(nn.Module):
     """Token id -> row of a (vocab, dims) table; `as_linear` projects onto the vocabulary with the same table."""
 

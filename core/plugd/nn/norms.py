@@ -1,4 +1,4 @@
-"""Root-mean-square layer normalisation."""
+"""Root-mean-square and (mean-centred) layer normalisation."""
 
 from __future__ import annotations
 
@@ -16,3 +16,16 @@ class RMSNorm(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         return mx.fast.rms_norm(x, self["weight"], self.eps)
+
+
+class LayerNorm(nn.Module):
+    """(x - mean(x)) / std(x) * weight + bias over the last axis."""
+
+    def __init__(self, dims: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = mx.ones((dims,))
+        self.bias = mx.zeros((dims,))
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.fast.layer_norm(x, self["weight"], self["bias"], self.eps)

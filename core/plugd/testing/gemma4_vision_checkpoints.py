@@ -100,3 +100,38 @@ def _write_tokenizer_files(path: Path, ids: dict[str, int]) -> None:
                                      "pooling_kernel_size": VISION["pooling_kernel_size"], "max_soft_tokens": SOFT_TOKENS},
                  "image_seq_length": SOFT_TOKENS, "processor_class": "Gemma4Processor"}
     (path / "processor_config.json").write_text(json.dumps(processor, indent=2))
+
+
+# What the end-to-end tests need of each vision family: the renderer's placeholder, and transformers' own reading
+# of images: the text each expands to, and its greedy continuation of a prompt.
+PLACEHOLDER, IMAGE_END = "<|image|>", "<image|>"
+
+
+def _processed(images):
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    processor = Gemma4ImageProcessorPil(patch_size=VISION["patch_size"], max_soft_tokens=SOFT_TOKENS,
+                                        pooling_kernel_size=VISION["pooling_kernel_size"])
+    return processor(images=images, return_tensors="pt")
+
+
+def reference_expansions(images) -> list[str]:
+    """Each image's text as transformers' processor expands it."""
+    return ["<|image>" + "<|image|>" * int(n) + "<image|>" for n in _processed(images)["num_soft_tokens_per_image"]]
+
+
+def reference_greedy(path: Path, ids: list[int], images, count: int) -> list[int]:
+    """transformers' greedy continuation of `ids` (the images already expanded in them), `count` tokens at most."""
+    import torch
+    from transformers import Gemma4ForConditionalGeneration
+
+    inputs, tokens = _processed(images), torch.tensor([ids])
+    model = Gemma4ForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model.generate(input_ids=tokens, attention_mask=torch.ones_like(tokens),
+                             pixel_values=inputs["pixel_values"], image_position_ids=inputs["image_position_ids"],
+                             mm_token_type_ids=(tokens == model.config.image_token_id).long(),
+                             max_new_tokens=count, do_sample=False)
+    return out[0, len(ids):].tolist()
+# The tensor-name prefixes of the tower, and a name an audio tower's tensor would have, in this checkpoint's layout.
+TOWER_TENSORS, AUDIO_TENSOR = ("model.vision_tower.", "model.embed_vision."), "model.audio_tower.output_proj.weight"
