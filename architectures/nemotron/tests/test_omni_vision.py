@@ -7,7 +7,6 @@ dense. Needs torch (transformers comes with it) and skips without it."""
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from PIL import Image
 from plugd.nn.linear import QuantizedLinear, TowerLinear
 from plugd.runner.loading import load_model
 from plugd.runner.quantize import quantize_checkpoint
+from plugd.testing.vision import embedded_apart_and_together, relative_error, varied_images
 from plugd.tokenizer import Tokenizer
 from plugd_nemotron import nemotron_h_omni
 from plugd_nemotron.omni_config import omni_media_tokens, patch_grid
@@ -31,28 +31,10 @@ from plugd.testing.nemotron_omni_checkpoints import (  # noqa: E402
     write_nemotron_omni,
 )
 
-TOLERANCE = 1e-4  # relative to the largest reference value
+TOLERANCE = 1e-4  # relative_error
 
 
-def image(width: int, height: int, mode: str, kind: str, seed: int) -> Image.Image:
-    """Noise of that size, after a round trip through `kind` bytes, as a request brings it."""
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, len(mode)), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels, mode).save(buffer, format=kind)
-    return Image.open(io.BytesIO(buffer.getvalue()))
-
-
-# Upright with transparency, wide, far wider than high, and small: each is enlarged to 1,024 patches or more.
-IMAGES = {
-    "png": image(37, 53, "RGBA", "PNG", 1),
-    "jpeg": image(61, 29, "RGB", "JPEG", 2),
-    "strip": image(300, 4, "RGB", "PNG", 3),
-    "small": image(9, 9, "RGB", "PNG", 4),
-}
-
-
-def relative_error(ours: np.ndarray, reference: np.ndarray) -> float:
-    return float(np.abs(ours - reference).max() / np.abs(reference).max())
+IMAGES = varied_images()
 
 
 @pytest.fixture(scope="module", params=["plain", "mtp"])
@@ -167,8 +149,5 @@ def test_the_tiny_tower_is_the_one_the_checkpoint_describes(checkpoint):
 
 def test_images_of_one_size_embed_in_one_batch_as_each_alone(models):
     """The runner stacks images whose preprocessed shapes agree."""
-    ours, _ = models
-    twins = [ours.preprocess(IMAGES["png"]), ours.preprocess(IMAGES["png"].transpose(Image.Transpose.FLIP_LEFT_RIGHT))]
-    together = ours.embed_media(mx.stack(twins))
-    for i, patches in enumerate(twins):
-        assert np.abs(np.array(together[i]) - np.array(ours.embed_media(patches[None])[0])).max() <= 1e-5
+    apart, together = embedded_apart_and_together(models[0], IMAGES["png"])
+    assert all(np.abs(together[i] - alone).max() <= 1e-5 for i, alone in enumerate(apart))

@@ -1,7 +1,7 @@
 """A tiny Gemma 4 with its vision tower, written by transformers: Gemma4ForConditionalGeneration of a tiny config,
-every parameter drawn at random (its own initialisation leaves norms at one and projections small, which would hide
-mistakes), saved with save_pretrained; beside it the tiny tokenizer with Gemma 4's turn and image tokens appended,
-the Gemma 4 chat template and the image processor's settings.
+every parameter drawn at random (plugd.testing.vision.randomize), saved with save_pretrained; beside it the tiny
+tokenizer with Gemma 4's turn and image tokens appended, the Gemma 4 chat template and the image processor's
+settings.
 
     write_gemma4_vision(tmp_path / "m", seed=0)
 
@@ -17,10 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer
-
-from plugd.testing import tokenizer as tiny_tokenizer
 from plugd.testing.gemma_checkpoints import BASE_CONFIGS
+from plugd.testing.vision import randomize, write_tokenizer
 
 TEMPLATE = Path(__file__).resolve().parent / "templates" / "gemma4.jinja"
 TOKENS = ("<bos>", "<eos>", "<pad>", "<|turn>", "<turn|>", "<|image>", "<image|>", "<|image|>", "<|channel>",
@@ -48,13 +46,9 @@ def write_gemma4_vision(path: Path, seed: int = 0, bidirectional: bool = True) -
     from transformers import Gemma4Config, Gemma4ForConditionalGeneration
 
     path.mkdir(parents=True, exist_ok=True)
-    tiny_tokenizer.write(path, 512)
-    tok = Tokenizer.from_file(str(path / "tokenizer.json"))  # not the trained one, which is shared
-    tok.add_special_tokens(list(TOKENS))
-    tok.save(str(path / "tokenizer.json"))
-    ids = {token: tok.token_to_id(token) for token in TOKENS}
+    ids, vocab_size = write_tokenizer(path, TOKENS)
     text = {key: value for key, value in BASE_CONFIGS["gemma4_text"].items() if key != "architectures"}
-    text |= {"vocab_size": tok.get_vocab_size(), "vocab_size_per_layer_input": tok.get_vocab_size(),
+    text |= {"vocab_size": vocab_size, "vocab_size_per_layer_input": vocab_size,
              "pad_token_id": ids["<pad>"], "bos_token_id": ids["<bos>"], "eos_token_id": ids["<eos>"],
              "use_bidirectional_attention": "vision" if bidirectional else None}
     config = Gemma4Config(text_config=text, vision_config=VISION, audio_config=None,
@@ -68,12 +62,11 @@ def write_gemma4_vision(path: Path, seed: int = 0, bidirectional: bool = True) -
 
 
 def _randomize(model, seed: int) -> None:
+    """Parameters drawn at random; clipping bounds finite, so that they clip; the standardisation drawn too."""
     import torch
 
-    generator = torch.Generator().manual_seed(seed)
+    generator = randomize(model, seed)
     with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.copy_(0.05 * torch.randn(parameter.shape, generator=generator) + (parameter.dim() == 1))
         for name, buffer in model.named_buffers():
             bounds = {"input_min": -2.0, "input_max": 2.0, "output_min": -0.5, "output_max": 0.5}
             if name.rpartition(".")[2] in bounds:

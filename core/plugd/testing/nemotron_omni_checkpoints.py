@@ -1,5 +1,6 @@
 """A tiny Nemotron-H Omni with its RADIO vision tower, written by transformers: NemotronH_Omni_Reasoning_V3 of a tiny
-config (plugd.testing's nemotron_h as its language model), every parameter drawn at random, saved with
+config (plugd.testing's nemotron_h as its language model), every parameter drawn at random
+(plugd.testing.vision.randomize), saved with
 save_pretrained; beside it the tiny tokenizer with the image tokens appended and a small chat template of plugd's
 own that writes "<image>" for each image (Omni's own template is not public here).
 
@@ -18,10 +19,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer
-
-from plugd.testing import tokenizer as tiny_tokenizer
 from plugd.testing.hybrid_checkpoints import BASE_CONFIGS
+from plugd.testing.vision import randomize, write_tokenizer
 
 TOKENS = ("<img>", "</img>", "<image>")
 CHAT_TEMPLATE = """\
@@ -45,26 +44,18 @@ VISION: dict[str, Any] = {
 
 
 def write_nemotron_omni(path: Path, seed: int = 0, mtp: bool = False) -> Path:
-    import torch
     from transformers import NemotronH_Omni_Reasoning_V3, NemotronH_Omni_Reasoning_V3_Config
 
     path.mkdir(parents=True, exist_ok=True)
-    tiny_tokenizer.write(path, 512)
-    tok = Tokenizer.from_file(str(path / "tokenizer.json"))  # not the trained one, which is shared
-    tok.add_special_tokens(list(TOKENS))
-    tok.save(str(path / "tokenizer.json"))
-    ids = {token: tok.token_to_id(token) for token in TOKENS}
-    eos = tok.token_to_id("<|im_end|>")
+    ids, vocab_size = write_tokenizer(path, TOKENS)
+    eos = ids["<|im_end|>"]
     text = {key: value for key, value in BASE_CONFIGS["nemotron_h"].items() if key != "architectures"}
-    text |= {"vocab_size": tok.get_vocab_size(), "eos_token_id": eos, "num_nextn_predict_layers": int(mtp)}
+    text |= {"vocab_size": vocab_size, "eos_token_id": eos, "num_nextn_predict_layers": int(mtp)}
     config = NemotronH_Omni_Reasoning_V3_Config(
         text_config=text, vision_config=VISION, audio_config=None, vision_hidden_size=VISION["hidden_size"],
         projector_hidden_size=48, downsample_ratio=0.5, image_token_id=ids["<image>"], eos_token_id=eos)
     model = NemotronH_Omni_Reasoning_V3(config).eval()
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.copy_(0.05 * torch.randn(parameter.shape, generator=generator) + (parameter.dim() == 1))
+    randomize(model, seed)
     model.save_pretrained(path)
     tokenizer_config = json.loads((path / "tokenizer_config.json").read_text())
     tokenizer_config |= {"chat_template": CHAT_TEMPLATE, "image_token": "<image>", "image_start_token": "<img>",
