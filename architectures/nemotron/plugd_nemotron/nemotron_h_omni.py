@@ -23,7 +23,7 @@ from PIL import Image
 from plugd.nn.linear import TowerLinear
 from plugd.nn.norms import LayerNorm, RMSNorm
 from plugd_nemotron import nemotron_h, omni_processor
-from plugd_nemotron.omni_config import shuffle_factor
+from plugd_nemotron.omni_config import shuffle_factor, text_config
 from plugd_nemotron.radio import RadioArgs, RadioModel
 
 VISION_PARTS = ("vision_model.", "vision_final_layernorm.", "multi_modal_projector.")
@@ -50,11 +50,11 @@ HUB_LAYER_NAMES = (("attn.proj.", "attention.o_proj."),)
 
 class ModelArgs:
     def __init__(self, config: Mapping[str, Any]):
-        self.text = nemotron_h.ModelArgs.from_dict(config["text_config"])
+        self.text = nemotron_h.ModelArgs.from_dict(text_config(config))
         self.vision = RadioArgs.from_dict(config.get("vision_config") or {})
         self.merge = shuffle_factor(config)
         self.projector_hidden_size = config.get("projector_hidden_size", 4096)
-        self.final_norm = (config["text_config"].get("num_nextn_predict_layers") or 0) > 0
+        self.final_norm = (text_config(config).get("num_nextn_predict_layers") or 0) > 0
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> ModelArgs:

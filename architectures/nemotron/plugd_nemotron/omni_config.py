@@ -14,10 +14,27 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from plugd.hookspecs import MediaTokens
+from plugd.hookspecs import LayerCache, MediaTokens
+from plugd_nemotron.config import cache_layers
 
 IMAGE_START, IMAGE_END, IMAGE_TOKEN = "<img>", "</img>", "<image>"
 MIN_PATCHES, MAX_PATCHES = 1024, 13_312  # the processor's defaults
+
+
+def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language model's settings: `text_config`, or `llm_config` in released checkpoints' configs."""
+    return config.get("text_config") or config["llm_config"]
+
+
+def omni_cache_layers(config: Mapping[str, Any]) -> list[LayerCache]:
+    """The language model's caches. The daemon passes `text_config` where a config has one; a released config's
+    `llm_config` is found here."""
+    return cache_layers(config.get("llm_config") or config)
+
+
+def image_token_id(config: Mapping[str, Any]) -> int:
+    """The image token: `image_token_id`, or `img_context_token_id` in released checkpoints' configs."""
+    return config.get("image_token_id", config.get("img_context_token_id"))
 
 
 def shuffle_factor(config: Mapping[str, Any]) -> int:
@@ -52,4 +69,4 @@ def omni_media_tokens(config: Mapping[str, Any]) -> MediaTokens:
         rows, columns = patch_grid(width, height, patch, merge)
         return f"{IMAGE_START}{IMAGE_TOKEN * (rows * columns // merge**2)}{IMAGE_END}"
 
-    return MediaTokens(placeholder=IMAGE_TOKEN, expansion=expansion, token_id=config["image_token_id"])
+    return MediaTokens(placeholder=IMAGE_TOKEN, expansion=expansion, token_id=image_token_id(config))

@@ -21,7 +21,7 @@ from plugd.runner.quantize import quantize_checkpoint
 from plugd.testing.vision import embedded_apart_and_together, relative_error, varied_images
 from plugd.tokenizer import Tokenizer
 from plugd_nemotron import nemotron_h_omni
-from plugd_nemotron.omni_config import omni_media_tokens, patch_grid
+from plugd_nemotron.omni_config import omni_cache_layers, omni_media_tokens, patch_grid
 
 pytest.importorskip("torch")
 from plugd.testing.nemotron_omni_checkpoints import (  # noqa: E402
@@ -151,3 +151,15 @@ def test_images_of_one_size_embed_in_one_batch_as_each_alone(models):
     """The runner stacks images whose preprocessed shapes agree."""
     apart, together = embedded_apart_and_together(models[0], IMAGES["png"])
     assert all(np.abs(together[i] - alone).max() <= 1e-5 for i, alone in enumerate(apart))
+
+
+def test_released_checkpoints_config_names_read_as_transformers_names(checkpoint):
+    """Released configs keep the language model under `llm_config` and the image token as
+    `img_context_token_id`, names transformers still reads."""
+    config = json.loads((checkpoint / "config.json").read_text())
+    legacy = {key: value for key, value in config.items() if key not in ("text_config", "image_token_id")}
+    legacy |= {"llm_config": config["text_config"], "img_context_token_id": config["image_token_id"]}
+    assert nemotron_h_omni.ModelArgs.from_dict(legacy).text == nemotron_h_omni.ModelArgs.from_dict(config).text
+    assert omni_media_tokens(legacy).token_id == config["image_token_id"]
+    assert omni_media_tokens(legacy).expand(37, 53) == omni_media_tokens(config).expand(37, 53)
+    assert omni_cache_layers(legacy) == omni_cache_layers(config["text_config"])
