@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ class ResolvedModel:
         """Whether this is an embedding model (a sentence-transformers layout), which embeds and generates not."""
         return "embedding" in self.config
 
-    @property
+    @cached_property  # read on every request, and the model's tensor names are many
     def takes_images(self) -> bool:
         """Whether the model sees images: its architecture has a vision tower, and so does its checkpoint."""
         return self.architecture is not None and self.architecture.takes_images(self.tensors)
