@@ -33,6 +33,7 @@ OVERRIDES = {
     "qwen3": FAST_OVERRIDES,
     "qwen3_moe": FAST_OVERRIDES,
     "qwen3_next": {"num_hidden_layers": 2},
+    "qwen3_5": {"num_hidden_layers": 2},  # its multimodal positions ride in the cache list too
     "nemotron_h": {"hybrid_override_pattern": "M*M-", "num_hidden_layers": 4},
     "gemma3_text": {"num_hidden_layers": 2, "sliding_window_pattern": 2},
 }

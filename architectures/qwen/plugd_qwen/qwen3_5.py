@@ -3,25 +3,61 @@ linear attention's projections kept apart (`in_proj_qkv`, `in_proj_z`, `in_proj_
 SwiGLU MLP on every layer; its MoE twin (plugd_qwen.qwen3_5_moe) has routed plus shared experts on every layer.
 
 Hub checkpoints are vision-language models: the text settings sit in
-`text_config`, the language model's tensors under `model.language_model.`.
-Only the language model runs here: the vision tower's tensors are dropped.
+`text_config`, the language model's tensors under `model.language_model.`,
+the vision tower's (plugd_qwen.qwen3_5_vision) under `model.visual.`. A
+prompt holds an image as one "<|image_pad|>" per merged patch
+(plugd_qwen.config.qwen3_5_media_tokens), whose embeddings the tower's
+grid replaces, and full attention rotates by multimodal positions
+(plugd_qwen.positions), kept per sequence by the cache list's last entry.
+A checkpoint without the tower (as mlx-lm's text conversions are) runs text
+only.
+
 Parameter names follow MLX-converted checkpoints (`language_model.model.layers...`,
-`language_model.lm_head`), so those load as they are.
+`language_model.lm_head`, `vision_tower.`), so those load as they are.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
 import mlx.core as mx
 import mlx.nn as nn
+from PIL import Image
 
 from plugd.nn.linear import Linear
-from plugd_qwen import qwen3_next
+from plugd.nn.media import place_media
+from plugd_qwen import qwen3_5_processor, qwen3_next
+from plugd_qwen.positions import MRoPE, PositionCache, chunk_positions
+from plugd_qwen.qwen3_5_vision import VisionArgs, VisionModel
 
-ModelArgs = qwen3_next.ModelArgs
-LANGUAGE_MODEL = "language_model."
+LANGUAGE_MODEL, VISION_TOWER = "language_model.", "vision_tower."
 # Where a checkpoint may keep the language model's tensors, and where this model keeps them relative to it.
 TEXT_PREFIXES = {"model.language_model.": "model.", "language_model.": ""}
-VISION_PREFIXES = ("model.visual.", "visual.", "vision_tower.")
+VISION_PREFIXES = ("model.visual.", "visual.", VISION_TOWER)
+MROPE_SECTION = (11, 11, 10)  # Qwen3_5TextRotaryEmbedding's default
+
+
+@dataclass(frozen=True)
+class TextArgs(qwen3_next.ModelArgs):
+    mrope_section: tuple[int, ...] = MROPE_SECTION
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> TextArgs:
+        rope = config.get("text_config", config).get("rope_parameters") or {}
+        return cls(**qwen3_next.hybrid_fields(config), mrope_section=tuple(rope.get("mrope_section", MROPE_SECTION)))
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    text: TextArgs
+    vision: VisionArgs | None  # None: the config has no tower
+
+    @classmethod
+    def from_dict(cls, config: Mapping[str, Any]) -> ModelArgs:
+        vision = config.get("vision_config")
+        return cls(TextArgs.from_dict(config), VisionArgs.from_dict(vision) if vision else None)
 
 
 class GatedDeltaNet(qwen3_next.GatedDeltaNet):
@@ -38,21 +74,64 @@ class GatedDeltaNet(qwen3_next.GatedDeltaNet):
         return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)
 
 
+class GatedAttention(qwen3_next.GatedAttention):
+    """Qwen3-Next's gated attention, rotated by multimodal positions."""
+
+    def __init__(self, args: TextArgs):
+        super().__init__(args)
+        self.rope = MRoPE(self.rope.dims, self.rope.base, args.mrope_section)
+
+
 class TextModel(qwen3_next.Model):
     linear_attention = GatedDeltaNet
+    attention = GatedAttention
+
+    def __call__(self, tokens: mx.array, cache: list[qwen3_next.Cache] | None = None,
+                 position: int | mx.array | None = None, media: Sequence[tuple[int, mx.array]] = ()) -> mx.array:
+        """Logits of `tokens`, `media` embeddings written over theirs; `position`: what full attention's rotary
+        embedding takes (plugd_qwen.positions.MRoPE)."""
+        h = place_media(self.model.embed_tokens(tokens), media)
+        for layer, layer_cache in zip(self.model.layers, cache or [None] * len(self.model.layers), strict=True):
+            h = layer(h, layer_cache, position)
+        return self.logits(self.model.norm(h))
 
 
 class Model(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
-        self.language_model = TextModel(args)
+        self.language_model = TextModel(args.text)
+        if args.vision is not None:
+            self.vision_tower = VisionModel(args.vision)
 
-    def __call__(self, tokens: mx.array, cache: list[qwen3_next.Cache] | None = None) -> mx.array:
-        return self.language_model(tokens, cache)
+    def __call__(self, tokens: mx.array, cache: list | None = None, media: Sequence[tuple[int, mx.array]] = ()
+                 ) -> mx.array:
+        """(batch, length) token ids -> logits; each `media` item (start, (rows, columns, hidden) grid) replaces
+        the embeddings from `start` on (one sequence only). The cache's last entry is the positions'."""
+        *layers, positions = cache if cache is not None else [None] * self.args.text.num_hidden_layers + [
+            PositionCache()]
+        if any(embedded.ndim != 3 for _, embedded in media):
+            raise ValueError("Qwen3.5 takes each image's embeddings as a grid of merged patches")
+        images = [(start, *embedded.shape[:2]) for start, embedded in media]
+        position, lags = chunk_positions(positions.position, tokens.shape[1], images) if images else (
+            positions.position, ())
+        logits = self.language_model(tokens, None if cache is None else layers, position, media)
+        positions.advance(tokens.shape[1], lags)
+        return logits
 
-    def make_cache(self) -> list[qwen3_next.Cache]:
-        return self.language_model.make_cache()
+    def preprocess(self, image: Image.Image) -> mx.array:
+        vision = self.args.vision
+        return qwen3_5_processor.preprocess(image, vision.patch_size, vision.spatial_merge_size,
+                                            vision.temporal_patch_size)
+
+    def embed_media(self, patches: mx.array) -> mx.array:
+        """(batch, rows, columns, patch dims) preprocessed images -> (batch, rows / 2, columns / 2, text hidden)."""
+        if "vision_tower" not in self:
+            raise ValueError("this qwen3_5 checkpoint has no vision tower")
+        return self.vision_tower(patches)
+
+    def make_cache(self) -> list:
+        return [*self.language_model.make_cache(), PositionCache()]
 
     @property
     def quant_predicate(self):
@@ -60,9 +139,29 @@ class Model(nn.Module):
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """The language model's tensors, named relative to it and folded as Qwen3-Next's are (multi-token-prediction
-        weights dropped on purpose there); the vision tower's are dropped, since only text runs here."""
-        text = {_text_name(name): tensor for name, tensor in weights.items() if not name.startswith(VISION_PREFIXES)}
-        return {LANGUAGE_MODEL + name: tensor for name, tensor in self.language_model.sanitize(text).items()}
+        weights dropped on purpose there); the tower's under `vision_tower.`, its Conv3d patch embedding as one
+        linear map. Without tower tensors the model drops its tower."""
+        text, vision = {}, {}
+        for name, tensor in weights.items():
+            if prefix := next((p for p in VISION_PREFIXES if name.startswith(p)), None):
+                vision[VISION_TOWER + name.removeprefix(prefix)] = tensor
+            else:
+                text[_text_name(name)] = tensor
+        if not vision:
+            self.pop("vision_tower", None)
+        elif (proj := VISION_TOWER + "patch_embed.proj.weight") in vision:
+            vision[proj] = _patch_embedding(vision[proj], self.args.vision)
+        return {LANGUAGE_MODEL + name: tensor for name, tensor in self.language_model.sanitize(text).items()} | vision
+
+
+def _patch_embedding(weight: mx.array, vision: VisionArgs) -> mx.array:
+    """A Conv3d kernel, as transformers holds it (out, channels, frames, patch, patch) or as MLX does (out, frames,
+    patch, patch, channels), as the (out, patch dims) linear map it amounts to."""
+    if weight.ndim == 2:
+        return weight
+    if weight.shape[-1] == vision.in_channels and weight.shape[1] == vision.temporal_patch_size:
+        weight = weight.transpose(0, 4, 1, 2, 3)
+    return weight.reshape(weight.shape[0], -1)
 
 
 def _text_name(name: str) -> str:

@@ -111,14 +111,16 @@ class GatedAttention(nn.Module):
         self.k_norm = RMSNorm(head_dim, args.rms_norm_eps)
         self.rope = RoPE(int(head_dim * args.partial_rotary_factor), args.rope_theta)
 
-    def __call__(self, x: mx.array, cache: KVCache | None) -> mx.array:
+    def __call__(self, x: mx.array, cache: KVCache | None, position: int | mx.array | None = None) -> mx.array:
+        """`position`: what the rotary embedding takes (the cache's offset when None)."""
         batch, length, _ = x.shape
         queries, gate = mx.split(self.q_proj(x).reshape(batch, length, self.heads, -1), 2, axis=-1)
         queries = self.q_norm(queries).transpose(0, 2, 1, 3)
         keys = self.k_norm(self.k_proj(x).reshape(batch, length, self.kv_heads, -1)).transpose(0, 2, 1, 3)
         values = self.v_proj(x).reshape(batch, length, self.kv_heads, -1).transpose(0, 2, 1, 3)
-        offset = 0 if cache is None else cache.offset
-        queries, keys = self.rope(queries, offset), self.rope(keys, offset)
+        if position is None:
+            position = 0 if cache is None else cache.offset
+        queries, keys = self.rope(queries, position), self.rope(keys, position)
         if cache is not None:
             keys, values = cache.update_and_fetch(keys, values)
         out = attend(queries, keys, values, self.scale, cache).transpose(0, 2, 1, 3)
@@ -210,13 +212,14 @@ class SharedExpertMoeBlock(qwen3_moe.SparseMoeBlock):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs, layer: int, linear_attention: type[GatedDeltaNet]):
+    def __init__(self, args: ModelArgs, layer: int, linear_attention: type[GatedDeltaNet],
+                 attention: type[GatedAttention]):
         super().__init__()
         self.is_linear = args.is_linear(layer)
         if self.is_linear:
             self.linear_attn = linear_attention(args)
         else:
-            self.self_attn = GatedAttention(args)
+            self.self_attn = attention(args)
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         if args.is_sparse(layer):
@@ -224,17 +227,19 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = GatedMLP(args.hidden_size, args.intermediate_size)
 
-    def __call__(self, x: mx.array, cache: Cache | None) -> mx.array:
-        mixer = self.linear_attn if self.is_linear else self.self_attn
-        h = x + mixer(self.input_layernorm(x), cache)
+    def __call__(self, x: mx.array, cache: Cache | None, position: int | mx.array | None = None) -> mx.array:
+        """`position`: what full attention's rotary embedding takes (its cache's offset when None)."""
+        normed = self.input_layernorm(x)
+        h = x + (self.linear_attn(normed, cache) if self.is_linear else self.self_attn(normed, cache, position))
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class Model(LanguageModel):
     linear_attention = GatedDeltaNet
+    attention = GatedAttention
 
     def __init__(self, args: ModelArgs):
-        layers = [DecoderLayer(args, i, self.linear_attention) for i in range(args.num_hidden_layers)]
+        layers = [DecoderLayer(args, i, self.linear_attention, self.attention) for i in range(args.num_hidden_layers)]
         super().__init__(args, qwen3.Decoder(args, layers))
 
     def __call__(self, tokens: mx.array, cache: list[Cache] | None = None) -> mx.array:

@@ -30,6 +30,7 @@ from plugd.testing.parity import (
     mlx_lm_greedy_tokens,
 )
 from plugd_qwen import qwen3_5, qwen3_5_moe, qwen3_next
+from plugd_qwen.positions import PositionCache
 
 MODULES = {"qwen3_next": qwen3_next, "qwen3_5": qwen3_5, "qwen3_5_moe": qwen3_5_moe}
 TOLERANCE = 1e-4
@@ -52,7 +53,9 @@ def reference_logits(checkpoint) -> mx.array:
 def test_linear_and_full_attention_layers_get_their_caches(checkpoint):
     model_type, path = checkpoint
     model = load_model(path, MODULES[model_type])
-    assert [type(cache) for cache in model.make_cache()] == [RecurrentCache, KVCache] * 2
+    # Qwen3.5 keeps each sequence's multimodal positions in one more entry.
+    positions = [PositionCache] if model_type.startswith("qwen3_5") else []
+    assert [type(cache) for cache in model.make_cache()] == [RecurrentCache, KVCache] * 2 + positions
 
 
 def test_chunked_prefill_logits_match_mlx_lm(checkpoint, reference_logits):

@@ -56,7 +56,10 @@ def encode_prompt(tokenizer: Tokenizer, media_tokens: MediaTokens | None, prompt
     if len(pieces) - 1 != len(prompt.media):
         raise InvalidRequest(f"the prompt has {len(pieces) - 1} image placeholders ({media_tokens.placeholder}) "
                              f"but the request carries {len(prompt.media)} images")
-    expansions = [media_tokens.expand(*image_size(item.data)) for item in prompt.media]
+    try:
+        expansions = [media_tokens.expand(*image_size(item.data)) for item in prompt.media]
+    except ValueError as exc:  # an image the processor refuses (an extreme aspect ratio)
+        raise InvalidRequest(f"an image cannot be used: {exc}") from None
     tokens = tokenizer.encode("".join(piece + expansion for piece, expansion in zip(pieces, [*expansions, ""])))
     runs = token_runs(tokens, media_tokens.token_id)
     if len(runs) != len(prompt.media):

@@ -1,4 +1,5 @@
-"""Standard (unscaled) rotary position embeddings."""
+"""Standard (unscaled) rotary position embeddings, and rotation by angles a model computes itself (positions of
+more than one axis)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,14 @@ class RoPE:
 
     def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
         return mx.fast.rope(x, self.dims, traditional=False, base=self.base, scale=1.0, offset=offset)
+
+
+def rotate(x: mx.array, angles: mx.array) -> mx.array:
+    """The first `2 * k` features of (..., length, head_dim) `x` rotated half-split, feature i with feature i + k,
+    by `angles` (length, k) (broadcast over the leading axes), computed in float32; the rest as they are."""
+    half = angles.shape[-1]
+    cos, sin = mx.cos(angles), mx.sin(angles)
+    first, second, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
+    first32, second32 = first.astype(mx.float32), second.astype(mx.float32)
+    turned = [first32 * cos - second32 * sin, second32 * cos + first32 * sin]
+    return mx.concatenate([*(part.astype(x.dtype) for part in turned), rest], axis=-1)

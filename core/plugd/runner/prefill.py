@@ -14,6 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from plugd.constants import DECODE_HEADROOM
+from plugd.nn.media import media_length
 from plugd.protocol import PrefillEvent
 from plugd.runner.media import inside_run, media_runs
 from plugd.runner.sequence import Prompt, Sequence
@@ -62,9 +63,8 @@ def _embeddings(model: nn.Module, prompt: Prompt, runs: list[tuple[int, int]]) -
     mx.eval(embedded)
     by_key = dict(zip(wanted, embedded, strict=True))
     for start, end in runs:
-        if by_key[prompt.keys[start]].shape[0] != end - start:
-            raise ValueError(f"an image gives {by_key[prompt.keys[start]].shape[0]} embeddings, "
-                             f"but its placeholder expanded to {end - start} tokens")
+        if (length := media_length(by_key[prompt.keys[start]])) != end - start:
+            raise ValueError(f"an image gives {length} embeddings, but its placeholder expanded to {end - start} tokens")
     return by_key
 
 

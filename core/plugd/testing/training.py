@@ -217,7 +217,7 @@ def _train(
     architecture = _architecture(config["model_type"])
     model = load_model(path, importlib.import_module(architecture.module))
     tok = Tokenizer.from_dir(path)
-    reach = _reach(architecture.cache_layers(config))
+    reach = _reach(architecture.cache_layers(config.get("text_config", config)))
     examples = [_example(tok, transcript, _end_of_turn(config), reach) for transcript in transcripts]
     batches = _batches(examples)
     stored = read_weights(path)
