@@ -19,7 +19,7 @@ from plugd.nn.linear import QuantizedLinear, TowerLinear
 from plugd.runner.errors import CheckpointError
 from plugd.runner.loading import load_model
 from plugd.runner.quantize import quantize_checkpoint
-from plugd.testing.vision import embedded_apart_and_together, relative_error, varied_images
+from plugd.testing.vision import embedded_apart_and_together, relative_error, stripped_copy, varied_images
 from plugd.tokenizer import Tokenizer
 from plugd_gemma import gemma4, plugd_architectures
 from plugd_gemma.config import gemma4_media_tokens
@@ -172,22 +172,10 @@ def test_quantized_checkpoint_keeps_the_tower_dense(checkpoint, models, tmp_path
     assert mx.array_equal(quantized.embed_media(patches), ours.embed_media(patches))
 
 
-def stripped(checkpoint: Path, target: Path, keep) -> Path:
-    """A copy of the checkpoint holding only the tensors `keep` accepts."""
-    target.mkdir()
-    for file in checkpoint.iterdir():
-        if file.name != "model.safetensors":
-            (target / file.name).write_bytes(file.read_bytes())
-    weights = mx.load(str(checkpoint / "model.safetensors"))
-    mx.save_safetensors(str(target / "model.safetensors"), {n: t for n, t in weights.items() if keep(n)},
-                        metadata={"format": "pt"})
-    return target
-
-
 def test_a_checkpoint_without_its_tower_runs_text_only(checkpoint, models, tmp_path):
     ours, _ = models
-    text_only = stripped(checkpoint, tmp_path / "text", lambda name: not name.startswith("model.vision_tower."))
-    text_only = stripped(text_only, tmp_path / "text-only", lambda name: not name.startswith("model.embed_vision."))
+    text_only = stripped_copy(checkpoint, tmp_path / "text", lambda name: not name.startswith("model.vision_tower."))
+    text_only = stripped_copy(text_only, tmp_path / "text-only", lambda name: not name.startswith("model.embed_vision."))
     model = load_model(text_only, gemma4)
     ids = mx.array([prompt_ids(checkpoint)[:12]], mx.int32)
     assert mx.array_equal(model(ids), ours(ids))
@@ -200,7 +188,7 @@ def test_a_checkpoint_without_its_tower_runs_text_only(checkpoint, models, tmp_p
 
 
 def test_a_tower_missing_some_tensors_is_refused(checkpoint, tmp_path):
-    broken = stripped(checkpoint, tmp_path / "broken", lambda name: "encoder.layers.1." not in name)
+    broken = stripped_copy(checkpoint, tmp_path / "broken", lambda name: "encoder.layers.1." not in name)
     with pytest.raises(CheckpointError, match="missing tensor vision_tower.encoder.layers.1"):
         load_model(broken, gemma4)
 

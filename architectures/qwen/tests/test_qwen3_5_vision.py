@@ -23,7 +23,7 @@ from plugd.nn.linear import QuantizedLinear, TowerLinear
 from plugd.runner.errors import CheckpointError
 from plugd.runner.loading import load_model
 from plugd.runner.quantize import quantize_checkpoint
-from plugd.testing.vision import embedded_apart_and_together, relative_error, varied_images
+from plugd.testing.vision import embedded_apart_and_together, relative_error, stripped_copy, varied_images
 from plugd.tokenizer import Tokenizer
 from plugd.types import Media, Prompt
 from plugd_qwen import plugd_architectures, qwen3_5, qwen3_5_moe
@@ -217,21 +217,9 @@ def test_quantized_checkpoint_keeps_the_tower_dense(checkpoint, models, tmp_path
     assert mx.array_equal(quantized.embed_media(patches), ours.embed_media(patches))
 
 
-def stripped(checkpoint: Path, target: Path, keep) -> Path:
-    """A copy of the checkpoint holding only the tensors `keep` accepts."""
-    target.mkdir()
-    for file in checkpoint.iterdir():
-        if file.name != "model.safetensors":
-            (target / file.name).write_bytes(file.read_bytes())
-    weights = mx.load(str(checkpoint / "model.safetensors"))
-    mx.save_safetensors(str(target / "model.safetensors"), {n: t for n, t in weights.items() if keep(n)},
-                        metadata={"format": "pt"})
-    return target
-
-
 def test_a_checkpoint_without_its_tower_runs_text_only(checkpoint, models, tmp_path):
     ours, _ = models
-    text_only = stripped(checkpoint, tmp_path / "text", lambda name: not name.startswith("model.visual."))
+    text_only = stripped_copy(checkpoint, tmp_path / "text", lambda name: not name.startswith("model.visual."))
     model = load_model(text_only, qwen3_5)
     ids = mx.array([prompt_ids(checkpoint)[:12]], mx.int32)
     assert mx.array_equal(model(ids), ours(ids))
@@ -243,7 +231,7 @@ def test_a_checkpoint_without_its_tower_runs_text_only(checkpoint, models, tmp_p
 
 
 def test_a_tower_missing_some_tensors_is_refused(checkpoint, tmp_path):
-    broken = stripped(checkpoint, tmp_path / "broken", lambda name: "blocks.1." not in name)
+    broken = stripped_copy(checkpoint, tmp_path / "broken", lambda name: "blocks.1." not in name)
     with pytest.raises(CheckpointError, match="missing tensor vision_tower.blocks.1"):
         load_model(broken, qwen3_5)
 

@@ -68,3 +68,18 @@ def randomize(model, seed: int):
         for parameter in model.parameters():
             parameter.copy_(0.05 * torch.randn(parameter.shape, generator=generator) + (parameter.dim() == 1))
     return generator
+
+
+def stripped_copy(checkpoint: Path, target: Path, keep) -> Path:
+    """A copy of the checkpoint in `target` whose model.safetensors holds only the tensors `keep(name)` accepts (a
+    tower-less conversion, say, or a tower missing some tensors)."""
+    import mlx.core as mx
+
+    target.mkdir()
+    for file in checkpoint.iterdir():
+        if file.name != "model.safetensors":
+            (target / file.name).write_bytes(file.read_bytes())
+    weights = mx.load(str(checkpoint / "model.safetensors"))
+    mx.save_safetensors(str(target / "model.safetensors"), {n: t for n, t in weights.items() if keep(n)},
+                        metadata={"format": "pt"})
+    return target
