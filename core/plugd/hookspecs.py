@@ -31,6 +31,9 @@ hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 PLUGIN_API_VERSION = "1.2"
+# Where the config an architecture's `media_tokens` and `ModelArgs.from_dict` receive holds the checkpoint's image
+# processor settings (plugd.image_processor): preprocessor_config.json, or processor_config.json's entry of that name.
+IMAGE_PROCESSOR = "image_processor"
 """The plugin API this plugd implements, "MAJOR.MINOR".
 
 MINOR grows when hooks or descriptor fields are added, MAJOR when any is
@@ -114,7 +117,9 @@ class Architecture:
     prompt holds an image, and its `Model` also gives `preprocess(image)`,
     `embed_media(pixels)` and takes `__call__(tokens, cache, media=[(start,
     embeddings)])` (see docs/plugins.md). Images in other formats are offered
-    to the media transcoders first. Where checkpoints of the model type may
+    to the media transcoders first. Both `media_tokens` and `ModelArgs.from_dict`
+    get config.json with the checkpoint's image processor settings under
+    IMAGE_PROCESSOR. Where checkpoints of the model type may
     come without their tower (text-only conversions), `media_tensors` names
     the tower's tensor-name prefixes: only a checkpoint holding one takes images.
     Towers the architecture does not run (Gemma 4's audio) are named in

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from plugd.hookspecs import LayerCache, MediaTokens, attention_cache
+from plugd.hookspecs import IMAGE_PROCESSOR, LayerCache, MediaTokens, attention_cache
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
@@ -75,9 +75,12 @@ def gemma3_media_tokens(config: Mapping[str, Any]) -> MediaTokens:
 
 
 def gemma4_vision_settings(config: Mapping[str, Any]) -> tuple[int, int, int]:
-    """(patch size, pooling kernel, soft-token budget per image) of a Gemma 4 checkpoint's config.json."""
+    """(patch size, pooling kernel, soft-token budget per image) of a Gemma 4 checkpoint: the budget is its image
+    processor's `max_soft_tokens` (plugd.image_processor), else config.json's `vision_soft_tokens_per_image`."""
     vision = {**GEMMA4_VISION_DEFAULTS, **(config.get("vision_config") or {})}
-    return vision["patch_size"], vision["pooling_kernel_size"], config.get("vision_soft_tokens_per_image", GEMMA4_SOFT_TOKENS)
+    budget = (config.get(IMAGE_PROCESSOR) or {}).get("max_soft_tokens") or config.get(
+        "vision_soft_tokens_per_image", GEMMA4_SOFT_TOKENS)
+    return vision["patch_size"], vision["pooling_kernel_size"], budget
 
 
 def gemma4_resized(width: int, height: int, patch: int, kernel: int, budget: int) -> tuple[int, int]:

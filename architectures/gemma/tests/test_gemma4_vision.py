@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from plugd.image_processor import directory_config
 from plugd.nn.linear import QuantizedLinear, TowerLinear
 from plugd.runner.errors import CheckpointError
 from plugd.runner.loading import load_model
@@ -75,6 +76,25 @@ def test_preprocess_and_soft_token_count_match_transformers(models, checkpoint, 
     assert rows * columns == soft_tokens * VISION["pooling_kernel_size"] ** 2
     expansion = media_tokens(checkpoint).expand(*IMAGES[kind].size)
     assert expansion == "<|image>" + "<|image|>" * soft_tokens + "<image|>"
+
+
+def test_the_checkpoints_own_soft_token_budget_is_followed(checkpoint, tmp_path):
+    """A processor_config.json whose image processor allows 140 soft tokens (config.json still says 70): the
+    expansion and the runner's patches follow the processor's."""
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    custom = stripped_copy(checkpoint, tmp_path / "budget", lambda name: True)
+    shipped = json.loads((custom / "processor_config.json").read_text())
+    shipped["image_processor"]["max_soft_tokens"] = 140
+    (custom / "processor_config.json").write_text(json.dumps(shipped))
+    media, model = gemma4_media_tokens(directory_config(custom)), load_model(custom, gemma4)
+    reference = Gemma4ImageProcessorPil(patch_size=VISION["patch_size"], max_soft_tokens=140,
+                                        pooling_kernel_size=VISION["pooling_kernel_size"])
+    for image in IMAGES.values():
+        soft_tokens = int(reference(images=[image], return_tensors="np")["num_soft_tokens_per_image"][0])
+        rows, columns, _ = model.preprocess(image).shape
+        assert rows * columns == soft_tokens * VISION["pooling_kernel_size"] ** 2
+        assert media.expand(*image.size) == "<|image>" + "<|image|>" * soft_tokens + "<image|>"
 
 
 def reference_features(reference, images: list[Image.Image]) -> list[np.ndarray]:

@@ -23,7 +23,7 @@ from PIL import Image
 from plugd.nn.linear import TowerLinear
 from plugd.nn.norms import LayerNorm, RMSNorm
 from plugd_nemotron import nemotron_h, omni_processor
-from plugd_nemotron.omni_config import shuffle_factor, text_config
+from plugd_nemotron.omni_config import patch_budget, shuffle_factor, text_config
 from plugd_nemotron.radio import RadioArgs, RadioModel
 
 VISION_PARTS = ("vision_model.", "vision_final_layernorm.", "multi_modal_projector.")
@@ -53,6 +53,7 @@ class ModelArgs:
         self.text = nemotron_h.ModelArgs.from_dict(text_config(config))
         self.vision = RadioArgs.from_dict(config.get("vision_config") or {})
         self.merge = shuffle_factor(config)
+        self.patch_budget = patch_budget(config)
         self.projector_hidden_size = config.get("projector_hidden_size", 4096)
         self.final_norm = (text_config(config).get("num_nextn_predict_layers") or 0) > 0
 
@@ -88,7 +89,7 @@ class Model(nn.Module):
         return self.language_model(tokens, cache, media)
 
     def preprocess(self, image: Image.Image) -> mx.array:
-        return omni_processor.preprocess(image, self.args.vision.patch_size, self.args.merge)
+        return omni_processor.preprocess(image, self.args.vision.patch_size, self.args.merge, self.args.patch_budget)
 
     def embed_media(self, patches: mx.array) -> mx.array:
         """(batch, rows, columns, patch_dim) preprocessed images -> (batch, rows * columns / merge^2, text hidden),

@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from plugd.hookspecs import LayerCache, MediaTokens
+from plugd.hookspecs import IMAGE_PROCESSOR, LayerCache, MediaTokens
 from plugd_nemotron.config import cache_layers
 
 IMAGE_START, IMAGE_END, IMAGE_TOKEN = "<img>", "</img>", "<image>"
@@ -62,11 +62,19 @@ def patch_grid(width: int, height: int, patch: int, merge: int, least: int = MIN
     return rows, columns
 
 
+def patch_budget(config: Mapping[str, Any]) -> tuple[int, int]:
+    """The fewest and most patches an image is resized to: its image processor's `min_num_patches` and
+    `max_num_patches` (plugd.image_processor), else the processor's defaults."""
+    processor = config.get(IMAGE_PROCESSOR) or {}
+    return processor.get("min_num_patches", MIN_PATCHES), processor.get("max_num_patches", MAX_PATCHES)
+
+
 def omni_media_tokens(config: Mapping[str, Any]) -> MediaTokens:
     patch, merge = (config.get("vision_config") or {}).get("patch_size", 16), shuffle_factor(config)
+    least, most = patch_budget(config)
 
     def expansion(width: int, height: int) -> str:
-        rows, columns = patch_grid(width, height, patch, merge)
+        rows, columns = patch_grid(width, height, patch, merge, least, most)
         return f"{IMAGE_START}{IMAGE_TOKEN * (rows * columns // merge**2)}{IMAGE_END}"
 
     return MediaTokens(placeholder=IMAGE_TOKEN, expansion=expansion, token_id=image_token_id(config))

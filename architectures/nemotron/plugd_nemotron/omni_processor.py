@@ -21,10 +21,11 @@ CLIP_MEAN = np.array([0.48145466, 0.4578275, 0.40821073], np.float32)
 CLIP_STD = np.array([0.26862954, 0.26130258, 0.27577711], np.float32)
 
 
-def preprocess(image: Image.Image, patch: int, merge: int) -> mx.array:
-    """One image as (rows, columns, 3 * patch * patch) float32 patches, each patch's channels one after another."""
+def preprocess(image: Image.Image, patch: int, merge: int, budget: tuple[int, int]) -> mx.array:
+    """One image as (rows, columns, 3 * patch * patch) float32 patches, each patch's channels one after another;
+    `budget`: the fewest and most patches (plugd_nemotron.omni_config.patch_budget)."""
     rgb = to_rgb(image)
-    rows, columns = patch_grid(*rgb.size, patch, merge)
+    rows, columns = patch_grid(*rgb.size, patch, merge, *budget)
     size = (columns * patch, rows * patch)
     pixels = np.asarray(rgb, dtype=np.float32)
     if rgb.size != size:

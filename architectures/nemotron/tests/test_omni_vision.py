@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from plugd.image_processor import directory_config
 from plugd.nn.linear import QuantizedLinear, TowerLinear
 from plugd.runner.loading import load_model
 from plugd.runner.quantize import quantize_checkpoint
-from plugd.testing.vision import embedded_apart_and_together, relative_error, varied_images
+from plugd.testing.vision import embedded_apart_and_together, relative_error, stripped_copy, varied_images
 from plugd.tokenizer import Tokenizer
 from plugd_nemotron import nemotron_h_omni
 from plugd_nemotron.omni_config import omni_cache_layers, omni_media_tokens, patch_grid
@@ -57,6 +58,19 @@ def test_the_patch_grid_is_the_processors_for_images_of_every_shape():
     sizes = [(w, h) for w in range(1, 400, 7) for h in range(1, 400, 11)]
     sizes += [(w, h) for w in range(100, 5000, 97) for h in range(100, 5000, 89)]
     assert [patch_grid(w, h, 16, 2) for w, h in sizes] == [expected(h, w, 16, 2, 1024, 13_312) for w, h in sizes]
+
+
+def test_a_checkpoints_own_patch_budget_is_followed(checkpoint, tmp_path):
+    """A preprocessor_config.json that allows 256 to 2,048 patches: the expansion and the runner's patches follow
+    the processor's grid for those bounds."""
+    custom = stripped_copy(checkpoint, tmp_path / "budget", lambda name: True)
+    (custom / "preprocessor_config.json").write_text(json.dumps({"min_num_patches": 256, "max_num_patches": 2048}))
+    media = omni_media_tokens(directory_config(custom))
+    model, expected = load_model(custom, nemotron_h_omni), transformers_patch_grid()
+    for image in [*IMAGES.values(), Image.new("RGB", (4000, 3000))]:
+        rows, columns = expected(image.height, image.width, VISION["patch_size"], 2, 256, 2048)
+        assert model.preprocess(image).shape[:2] == (rows, columns)
+        assert media.expand(*image.size) == "<img>" + "<image>" * (rows * columns // 4) + "</img>"
 
 
 @pytest.mark.parametrize("kind", sorted(IMAGES))

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from plugd.hookspecs import LayerCache, MediaTokens, attention_cache
+from plugd.hookspecs import IMAGE_PROCESSOR, LayerCache, MediaTokens, attention_cache
 
 LINEAR, FULL = "linear_attention", "full_attention"
-# The image processor Qwen3.5 checkpoints name (Qwen2-VL's) with their preprocessor_config.json's settings: each
-# image resized to between these many pixels, each side a multiple of patch_size * spatial_merge_size.
+# The image processor Qwen3.5 checkpoints name (Qwen2-VL's) and its settings in their preprocessor_config.json,
+# where a checkpoint's own say nothing: each image resized to between these many pixels, each side a multiple of
+# patch_size * spatial_merge_size, and normalized with this mean and std.
 MIN_PIXELS, MAX_PIXELS = 65_536, 16_777_216
+MEAN = STD = (0.5, 0.5, 0.5)
 MAX_ASPECT_RATIO = 200
 IMAGE_PAD = "<|image_pad|>"
 IMAGE_TOKEN_ID = 248_056
@@ -43,38 +46,56 @@ def hybrid_layers(config: Mapping[str, Any]) -> list[LayerCache]:
     return [linear if kind == LINEAR else attention for kind in layer_types(config)]
 
 
-def qwen3_5_vision_settings(config: Mapping[str, Any]) -> tuple[int, int]:
-    """(patch_size, spatial_merge_size) of a Qwen3.5 config.json's vision tower; Qwen3_5VisionConfig's defaults."""
-    vision = config.get("vision_config") or {}
-    return vision.get("patch_size", 16), vision.get("spatial_merge_size", 2)
+@dataclass(frozen=True)
+class ImageSettings:
+    """How Qwen3.5's processor prepares an image for a checkpoint: its tower's patch and merge sizes (config.json),
+    its pixel budget and normalization (the image processor's settings, plugd.image_processor)."""
 
+    patch: int
+    merge: int
+    min_pixels: int
+    max_pixels: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
 
-def qwen3_5_resized(width: int, height: int, factor: int) -> tuple[int, int]:
-    """(width, height) Qwen3.5's processor resizes an image to: each side rounded to a multiple of `factor`, then
-    scaled (aspect ratio kept) into [MIN_PIXELS, MAX_PIXELS]; ValueError for an image more than 200 times wider
-    than high, or the reverse, which the processor refuses."""
-    if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
-        raise ValueError(f"a {width}x{height} image is more than {MAX_ASPECT_RATIO} times wider than high, or the "
-                         "reverse")
-    new_width, new_height = round(width / factor) * factor, round(height / factor) * factor
-    if new_width * new_height > MAX_PIXELS:
-        scale = math.sqrt(width * height / MAX_PIXELS)
-        new_width = max(factor, math.floor(width / scale / factor) * factor)
-        new_height = max(factor, math.floor(height / scale / factor) * factor)
-    elif new_width * new_height < MIN_PIXELS:
-        scale = math.sqrt(MIN_PIXELS / (width * height))
-        new_width = math.ceil(width * scale / factor) * factor
-        new_height = math.ceil(height * scale / factor) * factor
-    return new_width, new_height
+    @classmethod
+    def of(cls, config: Mapping[str, Any]) -> ImageSettings:
+        """Qwen3_5VisionConfig's defaults where config.json says nothing; the budget from `size` (shortest_edge,
+        longest_edge: pixel counts) or the older `min_pixels` and `max_pixels`."""
+        vision, processor = config.get("vision_config") or {}, config.get(IMAGE_PROCESSOR) or {}
+        size = processor.get("size") or {}
+        return cls(patch=vision.get("patch_size", 16), merge=vision.get("spatial_merge_size", 2),
+                   min_pixels=size.get("shortest_edge") or processor.get("min_pixels") or MIN_PIXELS,
+                   max_pixels=size.get("longest_edge") or processor.get("max_pixels") or MAX_PIXELS,
+                   mean=tuple(processor.get("image_mean") or MEAN), std=tuple(processor.get("image_std") or STD))
+
+    def resized(self, width: int, height: int) -> tuple[int, int]:
+        """(width, height) the processor resizes an image to: each side rounded to a multiple of patch * merge,
+        then scaled (aspect ratio kept) into [min_pixels, max_pixels]; ValueError for an image more than 200 times
+        wider than high, or the reverse, which the processor refuses."""
+        if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+            raise ValueError(f"a {width}x{height} image is more than {MAX_ASPECT_RATIO} times wider than high, or "
+                             "the reverse")
+        factor = self.patch * self.merge
+        new_width, new_height = round(width / factor) * factor, round(height / factor) * factor
+        if new_width * new_height > self.max_pixels:
+            scale = math.sqrt(width * height / self.max_pixels)
+            new_width = max(factor, math.floor(width / scale / factor) * factor)
+            new_height = max(factor, math.floor(height / scale / factor) * factor)
+        elif new_width * new_height < self.min_pixels:
+            scale = math.sqrt(self.min_pixels / (width * height))
+            new_width = math.ceil(width * scale / factor) * factor
+            new_height = math.ceil(height * scale / factor) * factor
+        return new_width, new_height
 
 
 def qwen3_5_media_tokens(config: Mapping[str, Any]) -> MediaTokens:
     """Qwen3.5's renderers write "<|vision_start|><|image_pad|><|vision_end|>" for an image; the prompt holds one
     "<|image_pad|>" per merged patch of the resized image."""
-    patch, merge = qwen3_5_vision_settings(config)
+    settings = ImageSettings.of(config)
 
     def expansion(width: int, height: int) -> str:
-        new_width, new_height = qwen3_5_resized(width, height, patch * merge)
-        return IMAGE_PAD * ((new_width // patch) * (new_height // patch) // merge**2)
+        new_width, new_height = settings.resized(width, height)
+        return IMAGE_PAD * ((new_width // settings.patch) * (new_height // settings.patch) // settings.merge**2)
 
     return MediaTokens(placeholder=IMAGE_PAD, expansion=expansion, token_id=config.get("image_token_id", IMAGE_TOKEN_ID))

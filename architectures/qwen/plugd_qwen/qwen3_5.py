@@ -29,6 +29,7 @@ from PIL import Image
 from plugd.nn.linear import Linear
 from plugd.nn.media import place_media
 from plugd_qwen import qwen3_5_processor, qwen3_next
+from plugd_qwen.config import ImageSettings
 from plugd_qwen.positions import MRoPE, PositionCache, chunk_positions
 from plugd_qwen.qwen3_5_vision import VisionArgs, VisionModel
 
@@ -53,11 +54,13 @@ class TextArgs(qwen3_next.ModelArgs):
 class ModelArgs:
     text: TextArgs
     vision: VisionArgs | None  # None: the config has no tower
+    images: ImageSettings
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> ModelArgs:
         vision = config.get("vision_config")
-        return cls(TextArgs.from_dict(config), VisionArgs.from_dict(vision) if vision else None)
+        return cls(TextArgs.from_dict(config), VisionArgs.from_dict(vision) if vision else None,
+                   ImageSettings.of(config))
 
 
 class GatedDeltaNet(qwen3_next.GatedDeltaNet):
@@ -120,9 +123,7 @@ class Model(nn.Module):
         return logits
 
     def preprocess(self, image: Image.Image) -> mx.array:
-        vision = self.args.vision
-        return qwen3_5_processor.preprocess(image, vision.patch_size, vision.spatial_merge_size,
-                                            vision.temporal_patch_size)
+        return qwen3_5_processor.preprocess(image, self.args.images, self.args.vision.temporal_patch_size)
 
     def embed_media(self, patches: mx.array) -> mx.array:
         """(batch, rows, columns, patch dims) preprocessed images -> (batch, rows / 2, columns / 2, text hidden)."""

@@ -8,6 +8,7 @@ tower left dense; a checkpoint without its tower run text only; the MoE twin's l
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from pathlib import Path
@@ -17,12 +18,17 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from plugd import plugins
+from plugd.chat.models import resolve
 from plugd.chat.request import InvalidRequest
-from plugd.chat.tokens import encode_prompt
+from plugd.chat.tokens import encode_prompt, media_tokens_of
 from plugd.nn.linear import QuantizedLinear, TowerLinear
 from plugd.runner.errors import CheckpointError
 from plugd.runner.loading import load_model
 from plugd.runner.quantize import quantize_checkpoint
+from plugd.store.create import CreateRequest, create_model
+from plugd.store.names import ModelName
+from plugd.store.store import Store
 from plugd.testing.vision import embedded_apart_and_together, relative_error, stripped_copy, varied_images
 from plugd.tokenizer import Tokenizer
 from plugd.types import Media, Prompt
@@ -72,6 +78,42 @@ def test_preprocess_and_image_token_count_match_transformers(models, checkpoint,
     assert np.abs(block_order(patches) - expected["pixel_values"]).max() <= 1e-6
     tokens = patches.shape[0] * patches.shape[1] // MERGE**2
     assert media_tokens(checkpoint).expand(*IMAGES[kind].size) == "<|image_pad|>" * tokens
+
+
+def test_the_checkpoints_own_processor_settings_are_followed_by_daemon_and_runner(models, checkpoint, tmp_path):
+    """A preprocessor_config.json with a smaller pixel budget and CLIP's normalization: the daemon's expansion (read
+    from the stored model, as a request resolves it) and the runner's pixels (loaded from the model directory)
+    follow it as transformers' processor does."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    settings = {"size": {"shortest_edge": 16_384, "longest_edge": 40_000},
+                "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711]}
+    custom = stripped_copy(checkpoint, tmp_path / "custom", lambda name: True)
+    shipped = json.loads((custom / "preprocessor_config.json").read_text())
+    (custom / "preprocessor_config.json").write_text(json.dumps(shipped | settings))
+    store, registry = Store(tmp_path / "models"), plugins.load()
+    files = {f.name: upload(store, f.read_bytes()) for f in sorted(custom.iterdir())}
+    create_model(store, registry, CreateRequest(model="custom", files=files), lambda status: None)
+    daemon = media_tokens_of(resolve(store, registry, ModelName.parse("custom")))
+    runner = load_model(custom, qwen3_5)
+    reference = Qwen2VLImageProcessorPil(patch_size=VISION["patch_size"], merge_size=MERGE,
+                                         temporal_patch_size=VISION["temporal_patch_size"], **settings)
+    for image in IMAGES.values():
+        expected = reference(images=[image], return_tensors="np")
+        patches = np.array(runner.preprocess(image))
+        assert [1, *patches.shape[:2]] == expected["image_grid_thw"][0].tolist()
+        assert np.abs(block_order(patches) - expected["pixel_values"]).max() <= 1e-5
+        assert daemon.expand(*image.size) == "<|image_pad|>" * (patches.shape[0] * patches.shape[1] // MERGE**2)
+    default, _ = models  # the shipped settings enlarge a small image to 65,536 pixels at least
+    assert runner.preprocess(IMAGES["small"]).shape[:2] < default.preprocess(IMAGES["small"]).shape[:2]
+
+
+def upload(store: Store, data: bytes) -> str:
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    with store.blobs.writer(digest) as writer:
+        writer.write(data)
+        writer.commit()
+    return digest
 
 
 def test_an_image_the_processor_refuses_gets_a_clear_error(checkpoint):

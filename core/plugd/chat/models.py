@@ -11,6 +11,7 @@ from attrs import define
 
 from plugd.errors import PlugdError
 from plugd.hookspecs import Architecture, ModelFiles
+from plugd.image_processor import with_image_processor
 from plugd.plugins import Registry
 from plugd.store import manifests as mt
 from plugd.store.integrity import damage
@@ -90,7 +91,8 @@ def _resolve(store: Store, registry: Registry, model: StoredModel) -> ResolvedMo
         files={file: store.blobs.path(layer.digest) for file, layer in files.items()},
         config=config_view(store, model, registry),
         model_files=ModelFiles(
-            config=hf_config, chat_template=template, tokenizer_config=read_json(store, files, "tokenizer_config.json")
+            config=with_image_processor(hf_config, lambda file: read_json(store, files, file)), chat_template=template,
+            tokenizer_config=read_json(store, files, "tokenizer_config.json"),
         ),
         generation_config=read_json(store, files, "generation_config.json"),
         architecture=registry.architectures().get(hf_config.get("model_type")),

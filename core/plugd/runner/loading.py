@@ -7,7 +7,6 @@ over all parameters reads, folds and casts them in a single pass.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
@@ -17,6 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
+from plugd.image_processor import directory_config
 from plugd.runner.errors import CheckpointError
 from plugd.runner.ollama_tensors import read_ollama_weights
 from plugd.store.manifests import OLLAMA_TENSORS_DIR
@@ -37,7 +37,7 @@ def load_model(model_dir: Path, module: ModuleType, embedding: bool = False) -> 
     An `embedding` model's checkpoint is its base model as sentence-transformers saves it: no output head, and
     the decoder's tensors without their `model.` prefix."""
     model_dir = Path(model_dir)
-    config = json.loads((model_dir / "config.json").read_text())
+    config = directory_config(model_dir)
     model = module.Model(module.ModelArgs.from_dict(config))
     ollama = (model_dir / OLLAMA_TENSORS_DIR).is_dir()
     weights = read_ollama_weights(model_dir / OLLAMA_TENSORS_DIR, model) if ollama else read_weights(model_dir)
