@@ -111,14 +111,18 @@ class Model(nn.Module):
                  ) -> mx.array:
         """(batch, length) token ids -> logits; each `media` item (start, (rows, columns, hidden) grid) replaces
         the embeddings from `start` on (one sequence only). The cache's last entry is the positions'."""
-        *layers, positions = cache if cache is not None else [None] * self.args.text.num_hidden_layers + [
-            PositionCache()]
+        if cache is None:
+            layers, positions = None, PositionCache()
+        else:
+            *layers, positions = cache
         if any(embedded.ndim != 3 for _, embedded in media):
             raise ValueError("Qwen3.5 takes each image's embeddings as a grid of merged patches")
         images = [(start, *embedded.shape[:2]) for start, embedded in media]
-        position, lags = chunk_positions(positions.position, tokens.shape[1], images) if images else (
-            positions.position, ())
-        logits = self.language_model(tokens, None if cache is None else layers, position, media)
+        if images:
+            position, lags = chunk_positions(positions.position, tokens.shape[1], images)
+        else:
+            position, lags = positions.position, ()
+        logits = self.language_model(tokens, layers, position, media)
         positions.advance(tokens.shape[1], lags)
         return logits
 
