@@ -1,11 +1,12 @@
-"""Attention on the CPU through numpy equals MLX's kernel to float32 rounding, for every mask the models pass."""
+"""Attention on the CPU through numpy equals MLX's kernel to float32 rounding, for every mask the models pass; a
+vision tower's attention over every patch, taken a block of queries at a time, equals one pass."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 import pytest
 
-from plugd.nn.attention import HOST_DECODE_MIN_KEYS, scaled_dot_product_attention, traceable
+from plugd.nn.attention import HOST_DECODE_MIN_KEYS, attend_all, scaled_dot_product_attention, traceable
 from plugd.nn.host_attention import host_attention
 from plugd.nn.rotating import window_mask
 
@@ -95,3 +96,10 @@ def test_gradients_flow_through_attention_inside_traceable():
     expected = mx.grad(lambda q: mx.fast.scaled_dot_product_attention(q, k, v, scale=SCALE, mask="causal").sum())(q)
     assert mx.abs(grad).max().item() > 0
     assert mx.allclose(grad, expected).item()
+
+
+@pytest.mark.parametrize("max_scores", [1, 4 * 90 * 7, 4 * 90 * 100, 1 << 26])  # one query a block ... one pass
+def test_attention_to_every_key_in_blocks_of_queries_equals_one_pass(max_scores):
+    q, k, v = _tensors(4, 4, 33, 90, batch=2)
+    expected = mx.fast.scaled_dot_product_attention(q, k, v, scale=SCALE)
+    assert mx.abs(attend_all(q, k, v, SCALE, max_scores) - expected).max().item() < 1e-5

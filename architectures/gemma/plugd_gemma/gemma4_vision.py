@@ -23,7 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from plugd.nn.activations import gelu_approx
-from plugd.nn.attention import scaled_dot_product_attention
+from plugd.nn.attention import attend_all
 from plugd.nn.linear import TowerLinear
 from plugd.nn.norms import RMSNorm
 from plugd_gemma.config import GEMMA4_VISION_DEFAULTS
@@ -132,7 +132,7 @@ class Attention(nn.Module):
         queries = rotate(self.q_norm(split_heads(self.q_proj(x), self.heads)), cos, sin)
         keys = rotate(self.k_norm(split_heads(self.k_proj(x), self.kv_heads)), cos, sin)
         values = mx.fast.rms_norm(split_heads(self.v_proj(x), self.kv_heads), None, self.eps)
-        out = scaled_dot_product_attention(*(t.transpose(0, 2, 1, 3) for t in (queries, keys, values)), 1.0)
+        out = attend_all(*(t.transpose(0, 2, 1, 3) for t in (queries, keys, values)), 1.0)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, patches, -1))
 
 

@@ -20,7 +20,7 @@ import mlx.nn as nn
 import numpy as np
 
 from plugd.nn.activations import silu
-from plugd.nn.attention import scaled_dot_product_attention
+from plugd.nn.attention import attend_all
 from plugd.nn.linear import TowerLinear
 from plugd.nn.norms import LayerNorm
 
@@ -118,8 +118,8 @@ class Attention(nn.Module):
         def heads_first(y: mx.array) -> mx.array:
             return y.reshape(batch, length, self.heads, -1).transpose(0, 2, 1, 3)
 
-        out = scaled_dot_product_attention(heads_first(self.q_proj(x)), heads_first(self.k_proj(x)),
-                                           heads_first(self.v_proj(x)), self.scale)
+        out = attend_all(heads_first(self.q_proj(x)), heads_first(self.k_proj(x)), heads_first(self.v_proj(x)),
+                         self.scale)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))
 
 

@@ -27,7 +27,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from plugd.nn.activations import gelu_approx
-from plugd.nn.attention import scaled_dot_product_attention
+from plugd.nn.attention import attend_all
 from plugd.nn.linear import TowerLinear
 from plugd.nn.norms import LayerNorm
 from plugd.nn.rope import rotate
@@ -120,7 +120,7 @@ class Attention(nn.Module):
         batch, length, _ = x.shape
         qkv = self.qkv(x).reshape(batch, length, 3, self.heads, -1).transpose(2, 0, 3, 1, 4)
         queries, keys, values = rotate(qkv[0], angles), rotate(qkv[1], angles), qkv[2]
-        out = scaled_dot_product_attention(queries, keys, values, self.scale)
+        out = attend_all(queries, keys, values, self.scale)
         return self.proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))
 
 

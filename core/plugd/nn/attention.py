@@ -7,12 +7,17 @@ import mlx.core as mx
 from plugd.nn.host import host_allowed, traceable
 from plugd.nn.host_attention import host_attention
 
-__all__ = ["HOST_DECODE_MIN_KEYS", "attend", "scaled_dot_product_attention", "traceable"]
+__all__ = ["HOST_DECODE_MIN_KEYS", "TOWER_SCORES", "attend", "attend_all", "scaled_dot_product_attention",
+           "traceable"]
 
 # A single-token query (a decode step) leaves MLX from this many keys on. Below it the host path's syncs (one per
 # key/value head and layer) cost about what its faster exp saves; from it on, a 24-layer Qwen3 with 12 heads
 # decoded 15-20% faster at 2-4k tokens of context and 28% faster at 8k (156 vs 217 ms a token).
 HOST_DECODE_MIN_KEYS = 2048
+# The most attention scores (all heads and rows together) `attend_all` lets exist at once: 256 MiB in float32. A
+# vision tower attends over every patch of an image, up to 65,536 for Qwen3.5's largest; head dims MLX has no fused
+# kernel for (Qwen3.5's 72) would otherwise hold all 16 heads' 65,536 x 65,536 scores.
+TOWER_SCORES = 1 << 26
 
 
 def scaled_dot_product_attention(
@@ -45,3 +50,19 @@ def attend(queries: mx.array, keys: mx.array, values: mx.array, scale: float, ca
     else:
         mask = "causal" if length > 1 else None
     return scaled_dot_product_attention(queries, keys, values, scale, mask)
+
+
+def attend_all(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
+               max_scores: int = TOWER_SCORES) -> mx.array:
+    """Attention of every query to every key (no mask, as a vision tower's), over (batch, heads, length, head_dim)
+    tensors, the queries a block at a time, each evaluated before the next, so that at most `max_scores` scores
+    exist at once. Each query's softmax is its own, so blocks give what one pass gives."""
+    batch, heads, length, _ = queries.shape
+    block = max(1, max_scores // (batch * heads * keys.shape[2]))
+    if block >= length:
+        return scaled_dot_product_attention(queries, keys, values, scale)
+    parts = []
+    for start in range(0, length, block):
+        parts.append(scaled_dot_product_attention(queries[:, :, start : start + block], keys, values, scale))
+        mx.eval(parts[-1])
+    return mx.concatenate(parts, axis=2)
