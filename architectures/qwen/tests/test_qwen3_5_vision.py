@@ -272,6 +272,18 @@ def test_a_checkpoint_without_its_tower_runs_text_only(checkpoint, models, tmp_p
     assert architecture.takes_images(mx.load(str(checkpoint / "model.safetensors")).keys())
 
 
+def test_a_patch_embedding_in_mlx_conv3d_layout_loads_the_same(checkpoint, models, tmp_path):
+    """mlx-vlm's conversions hold the Conv3d kernel channels last, (out, frames, patch, patch, channels)."""
+    ours, _ = models
+    converted = stripped_copy(checkpoint, tmp_path / "mlx-layout", lambda name: True)
+    weights = mx.load(str(converted / "model.safetensors"))
+    name = "model.visual.patch_embed.proj.weight"
+    weights[name] = weights[name].transpose(0, 2, 3, 4, 1)
+    mx.save_safetensors(str(converted / "model.safetensors"), weights, metadata={"format": "pt"})
+    patches = ours.preprocess(IMAGES["jpeg"])[None]
+    assert mx.array_equal(load_model(converted, qwen3_5).embed_media(patches), ours.embed_media(patches))
+
+
 def test_a_tower_missing_some_tensors_is_refused(checkpoint, tmp_path):
     broken = stripped_copy(checkpoint, tmp_path / "broken", lambda name: "blocks.1." not in name)
     with pytest.raises(CheckpointError, match="missing tensor vision_tower.blocks.1"):
