@@ -35,6 +35,11 @@ class PositionState(NamedTuple):
     offset: int
     lags: tuple[tuple[int, int], ...]
 
+    @property
+    def position(self) -> int:
+        """The position the next token takes."""
+        return self.offset - (self.lags[-1][1] if self.lags else 0)
+
 
 class PositionCache:
     spans = False
@@ -46,8 +51,7 @@ class PositionCache:
 
     @property
     def position(self) -> int:
-        """The position the next token takes."""
-        return self.offset - (self.lags[-1][1] if self.lags else 0)
+        return self.state.position
 
     def advance(self, length: int, lags: Sequence[tuple[int, int]] = ()) -> None:
         """`length` more positions; `lags`: (end, added lag) of each image among them, `end` counted from the
@@ -107,13 +111,9 @@ class BatchPositionCache:
         self.states = [PositionState(offset + length, lags) for offset, lags in self.states]
 
     @property
-    def offset(self) -> mx.array:
-        return mx.array([state.offset for state in self.states], mx.int32)
-
-    @property
     def position(self) -> mx.array:
         """Each row's next position, (rows,)."""
-        return mx.array([PositionCache(state).position for state in self.states], mx.int32)
+        return mx.array([state.position for state in self.states], mx.int32)
 
     @property
     def nbytes(self) -> int:
