@@ -29,6 +29,8 @@ BENCH = Path(__file__).parents[1] / "bench"
                             r"ratio TTFT \(xgrammar\) new schema/free"]),
         ("fitting.py --baseline HEAD", [r"ratio TTFT long chat old/new", r"ratio TTFT 200-message fit old/new"]),
         ("embeddings.py", [r"ratio throughput plugd/sentence-transformers", r"lowest cosine plugd/sentence-transformers"]),
+        ("distributed.py", [r"ratio prefill group/one process", r"ratio decode group/one process",
+                            r"ratio rank 0 peak RSS", r"ratio rank 1 peak RSS"]),
         ("concurrency.py", [r"ratio aggregate decode at 4 streams plugd/plugd single stream",
                             r"ratio aggregate decode at 4 streams plugd/mlx_lm.server",
                             r"ratio TTFT p99 at 4 streams plugd/mlx_lm.server"]),

@@ -200,11 +200,14 @@ def cmd_plugins(args: argparse.Namespace) -> None:
 
 def cmd_ps(args: argparse.Namespace) -> None:
     models = DaemonClient().json("GET", "/api/ps")["models"]
-    rows = [["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"]]
+    grouped = any("group" in m for m in models)
+    rows = [["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL", *(["HOSTS"] if grouped else [])]]
     for m in models:
         until = "Forever" if m["expires_at"].startswith("0001") else human_until(m["expires_at"])
         processor = "100% GPU" if m["size_vram"] else "100% CPU"
-        rows.append([m["name"], m["digest"][:12], human_size(m["size"]), processor, str(m["context_length"]), until])
+        hosts = [", ".join(f"{rank['host']} (rank {rank['rank']})" for rank in m.get("group", [])) or "this one"]
+        rows.append([m["name"], m["digest"][:12], human_size(m["size"]), processor, str(m["context_length"]), until,
+                     *(hosts if grouped else [])])
     print(table(rows))
 
 

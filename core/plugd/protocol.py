@@ -22,6 +22,21 @@ from plugd.types import converter
 GRAMMAR_KINDS = ("json", "json_schema")
 
 
+# The daemon's pid, given to a group's ranks: their parent is MLX's launcher, not the daemon.
+DAEMON_PID_VARIABLE = "PLUGD_DAEMON_PID"
+
+
+@define(frozen=True)
+class GroupLayout:
+    """Where a runner group's ranks run: MLX's host file, rank 0 on this machine (plugd.runner.group)."""
+
+    hostfile: str
+    ranks: int
+    # The model's files by name, as paths into the store; a rank on a host without the daemon's model folder
+    # links its own from them, so each host must hold the model at the same path (pulled there, or shared).
+    files: dict[str, str] = Factory(dict)
+
+
 @define(frozen=True)
 class RunnerConfig:
     """What a runner is started with: every runner-side choice, made by the daemon from the plugins' descriptors,
@@ -34,6 +49,7 @@ class RunnerConfig:
     log_level: str = "INFO"
     embedding: EmbeddingLayout | None = None  # an embedding model's pipeline: the runner embeds, and generates not
     num_parallel: int = 1  # the completions the daemon sends at once, which decode together
+    group: GroupLayout | None = None  # served by a group of ranks, not one process
 
     def to_json(self) -> str:
         return json.dumps(converter.unstructure(self))

@@ -18,6 +18,7 @@ from attrs import define, field
 
 from plugd import plugins
 from plugd.plugins import Registry
+from plugd.scheduler.runner_group import Hosts
 
 DEFAULT_PORT = 11434
 
@@ -55,6 +56,9 @@ ENVIRONMENT = (
     Variable("PLUGD_MAX_QUEUE", "512", "requests waiting for a model before the daemon answers 503"),
     Variable("PLUGD_NUM_PARALLEL", "OLLAMA_NUM_PARALLEL, else 4 where memory allows",
              "requests one model decodes together; more wait for a slot"),
+    Variable("PLUGD_HOSTFILE", "unset (one process per model)",
+             "an MLX host file (ring backend; rank 0 this machine): every generative model is served split across "
+             "its hosts, one rank each"),
     Variable("PLUGD_CONTEXT_LENGTH", "each model's maximum, lowered to what its caches fit in the memory left "
              "after its weights and prompt cache, at least 4096", "num_ctx of requests that set none"),
     Variable("PLUGD_LOAD_TIMEOUT", "600", "seconds a runner may take to load its model"),
@@ -134,6 +138,15 @@ def _parallel(environ: Mapping[str, str]) -> int | None:
     return parallel or None
 
 
+def _hosts(path: str) -> Hosts | None:
+    if not path:
+        return None
+    try:
+        return Hosts.read(Path(path).expanduser())
+    except ValueError as exc:
+        raise ValueError(f"invalid PLUGD_HOSTFILE: {exc}") from None
+
+
 @define(frozen=True, kw_only=True)
 class Settings:
     """What the daemon runs with (ENVIRONMENT says what each means); the defaults are those of a bare environment."""
@@ -155,6 +168,7 @@ class Settings:
     client_renderers: tuple[str, ...] = ()
     plugins: tuple[str, ...] | None = None  # the plugins to load; None: all
     trace_plugins: tuple[str, ...] = ()  # those whose hook calls are logged; TRACE_ALL: every one
+    hosts: Hosts | None = None  # a runner group's: every generative model is served over these hosts
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] = os.environ) -> Settings:
@@ -183,6 +197,7 @@ class Settings:
             client_renderers=_names(environ.get("PLUGD_CLIENT_RENDERERS")),
             plugins=None if environ.get("PLUGD_PLUGINS") is None else _names(environ["PLUGD_PLUGINS"]),
             trace_plugins=_traced(environ.get("PLUGD_TRACE_PLUGINS", "")),
+            hosts=_hosts(environ.get("PLUGD_HOSTFILE", "").strip()),
         )
 
     def load_plugins(self) -> Registry:

@@ -20,6 +20,7 @@ from plugd.nn.linear import Embedding, Linear
 from plugd.nn.mlp import GatedMLP
 from plugd.nn.norms import RMSNorm
 from plugd.nn.rope import RoPE, rope_base
+from plugd.nn.sharding import shard_blocks, share, split_inputs, split_outputs
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,19 @@ class Attention(nn.Module):
         out = attend(queries, keys, values, self.scale, cache)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))
 
+    def shard(self, group: mx.distributed.Group) -> None:
+        shard_heads(self, group)
+
+
+def shard_heads(attention: nn.Module, group: mx.distributed.Group) -> None:
+    """Each rank keeps a share of the query and key/value heads (its caches hold only those); the output
+    projection's output is its part of the sum."""
+    attention.heads = share(attention.heads, group, "attention heads")
+    attention.kv_heads = share(attention.kv_heads, group, "key/value heads")
+    for projection in (attention.q_proj, attention.k_proj, attention.v_proj):
+        split_outputs(projection, group)
+    split_inputs(attention.o_proj, group)
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, args: ModelArgs, mlp: nn.Module):
@@ -120,3 +134,7 @@ class Model(LanguageModel):
 
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in range(self.args.num_hidden_layers)]
+
+    def shard(self, group: mx.distributed.Group) -> None:
+        """Tensor parallel: attention by heads, feed-forward blocks by hidden units (plugd.nn.sharding)."""
+        shard_blocks(self.model.layers, group, "self_attn", "mlp")

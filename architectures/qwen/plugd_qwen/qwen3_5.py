@@ -28,6 +28,7 @@ from PIL import Image
 
 from plugd.nn.linear import Linear
 from plugd.nn.media import place_media
+from plugd.nn.sharding import split_outputs
 from plugd_qwen import qwen3_5_processor, qwen3_next
 from plugd_qwen.config import ImageSettings
 from plugd_qwen.positions import MRoPE, PositionCache, chunk_positions
@@ -75,6 +76,12 @@ class GatedDeltaNet(qwen3_next.GatedDeltaNet):
     def project(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array]:
         z = self.in_proj_z(x).reshape(*x.shape[:2], self.value_heads, self.value_head_dim)
         return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)
+
+    def shard_projections(self, group: mx.distributed.Group) -> None:
+        """q, k and v are shared out each on its own; z, b and a by value heads."""
+        split_outputs(self.in_proj_qkv, group, segments=[self.key_dim, 2 * self.key_dim])
+        for projection in (self.in_proj_z, self.in_proj_b, self.in_proj_a):
+            split_outputs(projection, group)
 
 
 class GatedAttention(qwen3_next.GatedAttention):
@@ -125,6 +132,10 @@ class Model(nn.Module):
         logits = self.language_model(tokens, layers, position, media)
         positions.advance(tokens.shape[1], lags)
         return logits
+
+    def shard(self, group: mx.distributed.Group) -> None:
+        """The language model's blocks split as Qwen3-Next's; the vision tower stays whole on every rank."""
+        self.language_model.shard(group)
 
     def preprocess(self, image: Image.Image) -> mx.array:
         return qwen3_5_processor.preprocess(image, self.args.images, self.args.vision.temporal_patch_size)

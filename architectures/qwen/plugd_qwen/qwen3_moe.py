@@ -67,6 +67,10 @@ class SparseMoeBlock(nn.Module):
             weights = weights / weights.sum(axis=-1, keepdims=True)
         return (self.switch_mlp(x, experts) * weights[..., None]).sum(axis=-2)
 
+    def shard(self, group: mx.distributed.Group) -> None:
+        """The router stays whole, so every rank picks the same experts and runs its share of each."""
+        self.switch_mlp.shard(group)
+
 
 class Model(qwen3.Model):
     args: ModelArgs

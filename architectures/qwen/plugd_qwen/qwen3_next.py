@@ -36,6 +36,7 @@ from plugd.nn.mlp import GatedMLP
 from plugd.nn.norms import RMSNorm
 from plugd.nn.recurrent import RecurrentCache
 from plugd.nn.rope import RoPE
+from plugd.nn.sharding import part, shard_blocks, share, split_inputs, split_outputs
 from plugd.nn.short_conv import ShortConv, fold_conv_weights
 from plugd.nn.switch import routers_at_8_bits, stack_experts
 from plugd_qwen import qwen3, qwen3_moe
@@ -126,6 +127,11 @@ class GatedAttention(nn.Module):
         out = attend(queries, keys, values, self.scale, cache).transpose(0, 2, 1, 3)
         return self.o_proj((out * mx.sigmoid(gate)).reshape(batch, length, -1))
 
+    def shard(self, group: mx.distributed.Group) -> None:
+        """By heads: q_proj holds each head's queries and output gate side by side, so a share of its rows is a
+        share of whole heads."""
+        qwen3.shard_heads(self, group)
+
 
 @mx.compile
 def _gated_rms_norm(x: mx.array, gate: mx.array, weight: mx.array, eps: float) -> mx.array:
@@ -198,6 +204,24 @@ class GatedDeltaNet(nn.Module):
             cache.advance(window, state, length)
         return self.out_proj(self.norm(y, z).reshape(batch, length, -1))
 
+    def shard(self, group: mx.distributed.Group) -> None:
+        """By key heads, each with the value heads that share it: the packed projections group their rows by key
+        head, so a share of their rows is a share of heads; the convolution's channels (all queries, then all
+        keys, then all values) are shared out part by part, as are the per-value-head gates. Each rank's
+        recurrent state holds only its heads."""
+        key_dim, value_dim = self.key_dim, self.value_dim
+        self.shard_projections(group)
+        self.conv1d.weight = part(self.conv1d.weight, group, segments=[key_dim, 2 * key_dim])
+        self.dt_bias, self.A_log = part(self["dt_bias"], group), part(self["A_log"], group)
+        split_inputs(self.out_proj, group)
+        self.key_heads = share(self.key_heads, group, "linear-attention key heads")
+        self.value_heads = share(self.value_heads, group, "linear-attention value heads")
+        self.key_dim, self.value_dim = key_dim // group.size(), value_dim // group.size()
+
+    def shard_projections(self, group: mx.distributed.Group) -> None:
+        split_outputs(self.in_proj_qkvz, group)
+        split_outputs(self.in_proj_ba, group)
+
 
 class SharedExpertMoeBlock(qwen3_moe.SparseMoeBlock):
     """Qwen3-MoE's routed experts plus one shared SwiGLU expert, weighted by sigmoid(shared_expert_gate(x))."""
@@ -209,6 +233,11 @@ class SharedExpertMoeBlock(qwen3_moe.SparseMoeBlock):
 
     def __call__(self, x: mx.array) -> mx.array:
         return super().__call__(x) + mx.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+
+    def shard(self, group: mx.distributed.Group) -> None:
+        """The shared expert's gate stays whole: each rank's part of the shared expert is weighted as the whole."""
+        super().shard(group)
+        self.shared_expert.shard(group)
 
 
 class DecoderLayer(nn.Module):
@@ -253,6 +282,10 @@ class Model(LanguageModel):
     def make_cache(self) -> list[Cache]:
         """Per layer: a recurrent cache for linear attention, keys and values for full attention."""
         return [RecurrentCache() if self.args.is_linear(i) else KVCache() for i in range(self.args.num_hidden_layers)]
+
+    def shard(self, group: mx.distributed.Group) -> None:
+        """Tensor parallel: both attentions by heads, feed-forward blocks by hidden units (plugd.nn.sharding)."""
+        shard_blocks(self.model.layers, group, "self_attn", "linear_attn", "mlp")
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Fold a Hugging Face (or MLX-converted) checkpoint into this model's parameters, lazily.

@@ -9,6 +9,7 @@ import mlx.nn as nn
 
 from plugd.nn.activations import silu
 from plugd.nn.linear import Linear
+from plugd.nn.sharding import split_inputs, split_outputs
 
 
 class GatedMLP(nn.Module):
@@ -23,3 +24,9 @@ class GatedMLP(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
+
+    def shard(self, group: mx.distributed.Group) -> None:
+        """Each rank keeps a share of the hidden units; its output is its part of the sum (plugd.nn.sharding)."""
+        split_outputs(self.gate_proj, group)
+        split_outputs(self.up_proj, group)
+        split_inputs(self.down_proj, group)

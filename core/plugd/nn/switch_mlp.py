@@ -15,6 +15,7 @@ from collections.abc import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
+from plugd.nn.sharding import split_inputs, split_outputs
 from plugd.nn.switch import SORT_FROM_ROWS, SwitchLinear
 
 
@@ -76,3 +77,10 @@ class SwitchGLU(nn.Module):
         rows, chosen, sort = routed.rows, routed.experts, routed.sorted
         hidden = self.activation(self.gate_proj(rows, chosen, sort)) * self.up_proj(rows, chosen, sort)
         return routed.restore(self.down_proj(hidden, chosen, sort))
+
+    def shard(self, group: mx.distributed.Group) -> None:
+        """Each rank keeps a share of every expert's hidden units (so every expert, and no routing across
+        ranks); its output is its part of the sum (plugd.nn.sharding)."""
+        split_outputs(self.gate_proj, group)
+        split_outputs(self.up_proj, group)
+        split_inputs(self.down_proj, group)

@@ -5,6 +5,9 @@ class CheckpointError(ValueError):
     """The checkpoint's tensors do not fit the model its config.json describes."""
 
 
-# The runner's exit status when its model's checkpoint cannot be loaded (a CheckpointError): the daemon tells the
-# client the model cannot run, rather than that the server failed.
-CHECKPOINT_REFUSED = 3
+# How the line a runner writes to say why it ends begins: CHECKPOINT_REFUSED where its model's checkpoint cannot be
+# loaded (a CheckpointError; the daemon tells the client the model cannot run, rather than that the server
+# failed), FAILURE otherwise. A line, not an exit status: a group's ranks exit through MLX's launcher, which
+# keeps no status of theirs.
+CHECKPOINT_REFUSED = "refused: "
+FAILURE = "error: "

@@ -81,13 +81,16 @@ class Engine:
     """Generates completions on one model, several at once, reusing earlier completions' caches."""
 
     def __init__(self, model: nn.Module, tokenizer: Tokenizer, prefill_chunk: int = PREFILL_CHUNK,
-                 cache_policy: Callable[[nn.Module], RunnerCachePolicy] = single_slot, one_at_a_time: bool = False):
+                 cache_policy: Callable[[nn.Module], RunnerCachePolicy] = single_slot, one_at_a_time: bool = False,
+                 agree: Callable[[mx.array], mx.array] = lambda token: token):
         """`one_at_a_time`: a completion is submitted only once the one before has ended (the daemon sends one
-        at a time), so the one decoding needs no caches of its own: it decodes in the policy's."""
+        at a time), so the one decoding needs no caches of its own: it decodes in the policy's. `agree` turns
+        each token drawn into the one every rank of a group decodes (plugd.runner.group)."""
         self.model = model
         self.tokenizer = tokenizer
         self.prefill_chunk = prefill_chunk
         self.cache = cache_policy(model)
+        self.agree = agree
         # Only the output's shape is read: MLX builds the graph without computing it.
         self.logits_width: int = model(mx.zeros((1, 1), mx.int32), cache=model.make_cache()).shape[-1]
         self.batch = Batch(model, alone=one_at_a_time)
@@ -193,7 +196,7 @@ class Engine:
         if sequence.budget <= 0:
             self._settle(sequence, sequence.tally.done("length"))
             return
-        sequence.start_decoding(self.tokenizer, mask)
+        sequence.start_decoding(self.tokenizer, mask, self.agree)
         self.batch.join(sequence, self.cache.layers)
         self._settle(sequence, None)
 

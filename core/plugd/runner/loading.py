@@ -30,12 +30,16 @@ def compute_dtype() -> mx.Dtype:
     return mx.float32 if mx.default_device() == mx.cpu else mx.bfloat16
 
 
-def load_model(model_dir: Path, module: ModuleType, embedding: bool = False) -> nn.Module:
+def load_model(model_dir: Path, module: ModuleType, embedding: bool = False,
+               group: mx.distributed.Group | None = None) -> nn.Module:
     """Build `module.Model` from `model_dir`/config.json and load the directory's safetensors into it: the Hugging
     Face (or mlx-lm) files, or Ollama's tensor layers where the directory holds them in OLLAMA_TENSORS_DIR.
 
     An `embedding` model's checkpoint is its base model as sentence-transformers saves it: no output head, and
-    the decoder's tensors without their `model.` prefix."""
+    the decoder's tensors without their `model.` prefix.
+
+    With a `group` of several ranks, the model is split across them by its own `shard` (plugd.nn.sharding)
+    before anything is evaluated, so that this rank keeps only its share of the tensors."""
     model_dir = Path(model_dir)
     config = directory_config(model_dir)
     model = module.Model(module.ModelArgs.from_dict(config))
@@ -54,9 +58,25 @@ def load_model(model_dir: Path, module: ModuleType, embedding: bool = False) -> 
     check_fits(model, weights)
     dtype = compute_dtype()
     model.update(tree_unflatten([(name, _cast(tensor, dtype)) for name, tensor in weights.items()]))
-    mx.eval(model.parameters())
+    del weights  # what the model does not hold (a tensor before its cast, or its split) is freed once used
+    if group is not None and group.size() > 1:
+        shard(model, module, group)
+        for _, parameter in tree_flatten(model.parameters()):  # one at a time: one whole tensor beyond the shares
+            mx.eval(parameter)
+    else:
+        mx.eval(model.parameters())
     mx.clear_cache()
     return model
+
+
+def shard(model: nn.Module, module: ModuleType, group: mx.distributed.Group) -> None:
+    if not hasattr(model, "shard"):
+        raise CheckpointError(f"{module.__name__} does not say how to split across ranks (no Model.shard): "
+                              "it runs in one process only")
+    try:
+        model.shard(group)
+    except ValueError as exc:
+        raise CheckpointError(f"cannot split across {group.size()} ranks: {exc}") from None
 
 
 def read_weights(model_dir: Path) -> dict[str, mx.array]:

@@ -97,13 +97,17 @@ class Sequence:
         self.pending: PendingToken | None = None
         self.outcome: DoneEvent | Exception | None = None  # how it ended
         self._mask: TokenMask | None = None
+        self._agree: Callable[[mx.array], mx.array] | None = None
         self._sampler: Sampler | None = None
         self._detokenizer: Detokenizer | None = None
         self._stops: StopMatcher | None = None
 
-    def start_decoding(self, tokenizer: Tokenizer, mask: TokenMask | None) -> None:
-        """Its prompt is in its row's caches but for the last token, which the next step feeds."""
+    def start_decoding(self, tokenizer: Tokenizer, mask: TokenMask | None,
+                       agree: Callable[[mx.array], mx.array]) -> None:
+        """Its prompt is in its row's caches but for the last token, which the next step feeds; `agree` gives the
+        token to decode for the one drawn (Engine's)."""
         self._mask = mask
+        self._agree = agree
         self._sampler = Sampler(self.request.sampling, self.prompt.tokens, self.request.num_ctx)
         self._detokenizer = Detokenizer(tokenizer)
         self._stops = StopMatcher(self.request.stop if mask is None else ())
@@ -130,6 +134,7 @@ class Sequence:
         """Start computing the token drawn from this row's `logits` (and its log-probabilities)."""
         request = self.request
         token, distribution = self._sampler(logits, self._mask.allowed() if self._mask else None)
+        token = self._agree(token)
         chosen = distribution[token] if request.logprobs else None
         top_ids = top_logprobs = None
         top_n = min(request.top_logprobs if request.logprobs else 0, distribution.shape[-1])

@@ -50,17 +50,20 @@ class CacheEstimate:
     layers: list[LayerCache]
     vocab_size: int
     float_bytes: int
+    parts: int = 1  # the ranks of a group, each holding its share of the heads (plugd.nn.sharding)
 
     @classmethod
-    def of(cls, architecture: Architecture, config: dict[str, Any], float_bytes: int) -> CacheEstimate:
-        """For a model of `architecture` whose config.json is `config` (a multimodal one's text part counts)."""
+    def of(cls, architecture: Architecture, config: dict[str, Any], float_bytes: int, parts: int = 1
+           ) -> CacheEstimate:
+        """For a model of `architecture` whose config.json is `config` (a multimodal one's text part counts),
+        on one of `parts` ranks."""
         text = config.get("text_config", config)
-        return cls(architecture.cache_layers(text), text.get("vocab_size", 0), float_bytes)
+        return cls(architecture.cache_layers(text), text.get("vocab_size", 0), float_bytes, parts)
 
     def bytes(self, num_ctx: int, sequences: int = 1) -> int:
         """For `sequences` decoding together: one alone decodes in the cache policy's live caches; several each
         decode in a batch row of their own beside them (plugd.runner.generate), so 1 + `sequences` caches."""
-        return (1 if sequences == 1 else 1 + sequences) * self._one(num_ctx)
+        return (1 if sequences == 1 else 1 + sequences) * self._one(num_ctx) // self.parts
 
     def _one(self, num_ctx: int) -> int:
         positions = -(-num_ctx // CACHE_STEP) * CACHE_STEP

@@ -6,20 +6,25 @@ import asyncio
 import logging
 import os
 import shutil
+import signal
+import socket
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Mapping
-from contextlib import aclosing, nullcontext
+from contextlib import aclosing, nullcontext, suppress
 from pathlib import Path
 from typing import Any
 
 import anyio
 import attrs
 import httpx
+import psutil
 
 from plugd.blas import with_openblas
 from plugd.errors import PlugdError
 from plugd.protocol import (
+    DAEMON_PID_VARIABLE,
     Completion,
     DoneEvent,
     Embed,
@@ -30,13 +35,16 @@ from plugd.protocol import (
     TokenEvent,
     read_event,
 )
-from plugd.runner.errors import CHECKPOINT_REFUSED
+from plugd.runner.errors import CHECKPOINT_REFUSED, FAILURE
 from plugd.scheduler.memory import resident_bytes
+from plugd.scheduler.runner_group import launch_command
 from plugd.scheduler.runner_transport import RunnerTransport
 from plugd.scratch import scratch_prefix
 from plugd.types import structure, unstructure
 
 log = logging.getLogger(__name__)
+
+KEPT_LOG_LINES = 50
 
 
 class RunnerError(PlugdError, RuntimeError):
@@ -99,6 +107,8 @@ class RunnerProcess:
         self.socket = self.workdir / "runner.sock"
         self.log_path = self.workdir / "runner.log"
         self.process: asyncio.subprocess.Process | None = None
+        self.ranks: list[dict[str, Any]] = []  # a group's: each rank's host and pid, as rank 0 reports them
+        self._last_lines: list[str] | None = None  # the log's last lines, once its folder is gone
         self.closing = False
         self._lock = asyncio.Lock()
         self.http = httpx.AsyncClient(
@@ -119,21 +129,27 @@ class RunnerProcess:
         async with self._lock:
             if self.closing:
                 raise RunnerError("runner is closing")
+            runner = ["-m", "plugd", "runner", "--model-dir", str(self._model_dir()), "--socket", str(self.socket),
+                      "--config", self.config.to_json()]
+            group = self.config.group
+            env = runner_env() | ({} if group is None else {DAEMON_PID_VARIABLE: str(os.getpid())})
             with self.log_path.open("wb") as log_file:
                 self.process = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "plugd", "runner", "--model-dir", str(self._model_dir()),
-                    "--socket", str(self.socket), "--config", self.config.to_json(),
-                    stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=runner_env(),
+                    *([sys.executable, *runner] if group is None else launch_command(group, runner)),
+                    stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=env,
+                    start_new_session=group is not None,  # the launcher and its ranks, to be killed together
                 )
             try:
                 await asyncio.wait_for(self._wait_ready(), self.load_timeout)
             except TimeoutError:
                 raise RunnerError(f"model did not load within {self.load_timeout:.0f}s") from None
+            if group is not None:
+                self.ranks = (await self.http.get("/status")).json().get("group", [])
 
     async def _wait_ready(self) -> None:
         while True:
             if self.process.returncode is not None:
-                refused = self.process.returncode == CHECKPOINT_REFUSED
+                refused = (self._last_error() or "").startswith(CHECKPOINT_REFUSED)
                 raise (UnloadableModel if refused else RunnerError)(self.failure())
             try:
                 if (await self.http.get("/status")).status_code == 200:
@@ -144,13 +160,22 @@ class RunnerProcess:
 
     def failure(self) -> str:
         """Why the process ended, from its exit status and the last line it wrote."""
-        lines = self.log_path.read_text(errors="replace").strip().splitlines() if self.log_path.exists() else []
-        last = next((line for line in reversed(lines) if line.startswith("error: ")), None)
-        if last:
-            return last.removeprefix("error: ")
+        if last := self._last_error():
+            return last.removeprefix(CHECKPOINT_REFUSED).removeprefix(FAILURE)
+        lines = self._log_lines()
         code = self.process.returncode if self.process else None
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with status {code}"
         return f"model runner {how}" + (f": {lines[-1]}" if lines else "")
+
+    def _log_lines(self) -> list[str]:
+        if self._last_lines is not None:
+            return self._last_lines
+        return self.log_path.read_text(errors="replace").strip().splitlines() if self.log_path.exists() else []
+
+    def _last_error(self) -> str | None:
+        """The last line saying why the runner could not load, if it wrote one."""
+        return next((line for line in reversed(self._log_lines()) if line.startswith((CHECKPOINT_REFUSED, FAILURE))),
+                    None)
 
     @property
     def pid(self) -> int | None:
@@ -167,20 +192,46 @@ class RunnerProcess:
         return await self.process.wait()
 
     async def close(self) -> None:
-        """Kill the process and wait until it is reaped, so its memory is back before anything else loads."""
+        """Kill the process (a group: the launcher and every rank) and wait until it is reaped, so its memory
+        is back before anything else loads."""
         async with self._lock:
             self.closing = True
             if self.process and self.process.returncode is None:
-                self.process.kill()
+                self._kill()
                 await self.process.wait()
+            if self.config.group is not None:
+                await self._ranks_gone()
             await self.http.aclose()
+            self._last_lines = self._log_lines()[-KEPT_LOG_LINES:]  # for a failure() asked after the close
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _kill(self) -> None:
+        if self.config.group is None:
+            self.process.kill()
+            return
+        with suppress(ProcessLookupError):  # the launcher leads its session: ranks on this machine, ssh to others
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+    async def _ranks_gone(self, timeout: float = 10.0) -> None:
+        """Wait for this machine's ranks to end (a rank on another host ends with its ssh session)."""
+        here = socket.gethostname()
+        local = [rank["pid"] for rank in self.ranks if rank["host"] == here]
+        deadline = time.monotonic() + timeout
+        while any(process_alive(pid) for pid in local) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    async def _group_ended(self, timeout: float = 5.0) -> None:
+        """A group whose stream failed has lost a rank and is ending: wait for it, so that the message can say
+        why, and the next request finds it gone and starts it again."""
+        if self.config.group is not None:
+            with suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.process.wait()), timeout)
 
     def _stop_wedged(self, silent_for: float) -> RunnerError:
         """Kill a runner that stopped answering (the scheduler's watch then forgets it); the error to raise."""
         if self.process is not None and self.process.returncode is None:
             log.error("model runner %d made no progress for %g s: killing it", self.process.pid, silent_for)
-            self.process.kill()
+            self._kill()
         return RunnerError(f"the model runner made no progress for {silent_for:g} s and was stopped; "
                            "the next request loads the model again")
 
@@ -231,15 +282,25 @@ class RunnerProcess:
                         if isinstance(event, ErrorEvent):
                             if event.kind is not None:  # the request's, not the runner's: a 400 where not begun
                                 raise RunnerRejected({"error": event.error, "kind": event.kind})
+                            await self._group_ended()
                             raise RunnerError(event.error)
                         yield event
         except httpx.ReadTimeout:
             raise self._stop_wedged(self.progress_timeout) from None
         except (httpx.TransportError, ValueError):
             await asyncio.sleep(0.05)  # let the exit status arrive so the message can say what happened
+            await self._group_ended()
             raise RunnerError(
                 self.failure() if self.process.returncode is not None else "lost the connection to the model runner"
             ) from None
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists and has not ended (a zombie has ended, only not yet been reaped)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _write_images(folder: Path, images: Mapping[str, bytes]) -> None:

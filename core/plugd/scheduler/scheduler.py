@@ -18,7 +18,7 @@ from plugd.cache_policies import chosen_policy
 from plugd.chat.models import ResolvedModel, embedding_layout
 from plugd.errors import PlugdError
 from plugd.plugins import Registry
-from plugd.protocol import RunnerConfig
+from plugd.protocol import GroupLayout, RunnerConfig
 from plugd.scheduler import memory
 from plugd.scheduler.runner_client import RunnerError, RunnerProcess
 from plugd.settings import Settings
@@ -198,7 +198,7 @@ class Scheduler:
     async def _ready(self, model: ResolvedModel, num_ctx: int | None) -> Loaded:
         """The model's loaded runner, held for the caller; loads it (making room first) when needed."""
         model.require_architecture()  # refused before anything is evicted for it
-        weights = memory.weight_bytes(model.tensors, self.float_bytes)
+        weights = memory.weight_bytes(model.tensors, self.float_bytes) // self._share(model)
         async with self.changed:
             if entry := self._usable(model.digest, num_ctx):
                 self._hold(entry)
@@ -226,7 +226,8 @@ class Scheduler:
                 cache_budget = self._cache_budget(needed)
             engines = {engine.name: engine.factory for engine in self.registry.items.get("plugd_grammar_engines", [])}
             config = RunnerConfig(model.require_architecture().module, self.cache_policy.factory, cache_budget,
-                                  engines, self.settings.log_level, embedding_layout(model), parallel)
+                                  engines, self.settings.log_level, embedding_layout(model), parallel,
+                                  self._group(model))
             entry = Loaded(model=model, runner=self.runner_factory(model, config), num_ctx=context,
                            size=needed, sized=num_ctx is None, cache_budget=cache_budget or 0, parallel=parallel,
                            growth=caches + (cache_budget or 0))
@@ -242,6 +243,17 @@ class Scheduler:
                 self._hold(entry)
             asyncio.get_running_loop().create_task(self._watch(entry))
             return entry
+
+    def _group(self, model: ResolvedModel) -> GroupLayout | None:
+        """The ranks that serve `model`: PLUGD_HOSTFILE's for a generative model (an embedding model is small,
+        and runs in one process)."""
+        hosts = self.settings.hosts
+        return None if hosts is None or embedding_layout(model) is not None else hosts.layout(model.files)
+
+    def _share(self, model: ResolvedModel) -> int:
+        """Into how many parts `model` splits: the memory fits count this machine's part (rank 0's)."""
+        group = self._group(model)
+        return 1 if group is None else group.ranks
 
     def _parallel(self, model: ResolvedModel, context: int, weights: int) -> int:
         """The requests the model's runner decodes together: PLUGD_NUM_PARALLEL (or OLLAMA_NUM_PARALLEL); else
@@ -262,7 +274,8 @@ class Scheduler:
         return next((n for n in range(memory.DEFAULT_PARALLEL, 1, -1) if caches.bytes(context, n) <= room), 1)
 
     def _caches(self, model: ResolvedModel) -> memory.CacheEstimate:
-        return memory.CacheEstimate.of(model.require_architecture(), model.model_files.config, self.float_bytes)
+        return memory.CacheEstimate.of(model.require_architecture(), model.model_files.config, self.float_bytes,
+                                       self._share(model))
 
     async def _learn_device(self, runner: Runner) -> None:
         """From the first runner that answers (the daemon imports no MLX): its compute dtype, which the estimates

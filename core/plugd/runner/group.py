@@ -1,0 +1,66 @@
+"""A runner group: one model served by several ranks of MLX's distributed engine, started by `mlx.launch`.
+
+Rank 0 leads: it loads its share of the model like the others, serves the
+runner protocol to the daemon, and decides. The other ranks follow: each runs
+the same engine as the leader, given the same turns (plugd.runner.turns), so
+that every collective the split model runs meets its counterparts on every
+rank. Two things the followers cannot work out alike are the leader's to
+decide and to share: what arrives and what is cancelled between two steps
+(`share`), and each token drawn (`agree`), since the ranks' samplers are seeded
+apart and their float results may differ in the last bit across machines.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+BACKEND = "ring"
+
+
+class Group:
+    """This process's place in the group; every method is a collective, called by every rank in the same order."""
+
+    def __init__(self, group: mx.distributed.Group):
+        self.group = group
+        self.rank, self.size = group.rank(), group.size()
+        self.leads = self.rank == 0
+
+    @classmethod
+    def joined(cls) -> Group:
+        """The group `mlx.launch` started this process in (its environment says where the others are)."""
+        return cls(mx.distributed.init(backend=BACKEND, strict=True))
+
+    def share(self, value: Any = None) -> Any:
+        """The leader's `value`, on every rank; the others' is ignored. RuntimeError where a rank is gone. None
+        costs one collective (its length, 0), anything else two."""
+        return self._sent(value, sender=0)
+
+    def agree(self, token: mx.array) -> mx.array:
+        """The leader's `token` on every rank, lazily: decoding dispatches it with the next step. A follower adds
+        its own token times zero, not fresh zeros, so that its graph, like the leader's, runs the step's
+        collectives before this one: the ranks must meet at every collective in the same order."""
+        return mx.distributed.all_sum(token if self.leads else token * 0, group=self.group)
+
+    def ranks(self) -> list[dict[str, Any]]:
+        """Each rank's host name and process id, in rank order."""
+        mine = {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid()}
+        return [self._sent(mine, sender) for sender in range(self.size)]
+
+    def _sent(self, value: Any, sender: int) -> Any:
+        """`sender`'s value, pickled, as the sum of its bytes and the other ranks' zeros."""
+        sending = sender == self.rank
+        data = pickle.dumps(value) if sending and value is not None else b""
+        length = int(self._summed(np.array([len(data)], np.int32)).item())
+        if length == 0:
+            return None
+        buffer = np.frombuffer(data, np.uint8) if sending else np.zeros(length, np.uint8)
+        return pickle.loads(self._summed(buffer).tobytes())
+
+    def _summed(self, array: np.ndarray) -> np.ndarray:
+        return np.array(mx.distributed.all_sum(mx.array(array), group=self.group, stream=mx.cpu))

@@ -1,0 +1,90 @@
+"""Serving one model over several machines: the host file of a runner group, and the command that launches it.
+
+The group is started by MLX's own launcher (`mlx.launch`, ring backend) from a host file in MLX's format: one
+entry per rank, `{"ssh": host, "ips": [address, ...]}`, in a JSON list or under the "hosts" of an object (as
+`mlx.distributed_config` writes it). Rank 0 is the first entry and must be
+this machine ("127.0.0.1", which the launcher runs without ssh, or a name that reaches it); it serves the runner
+protocol on the daemon's socket. The daemon imports nothing of MLX: the launcher is a separate program.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import sys
+from pathlib import Path
+
+import attrs
+
+from plugd.errors import PlugdError
+from plugd.protocol import GroupLayout
+
+BACKEND = "ring"
+FIRST_PORT, LAST_PORT = 30000, 60000
+
+
+class GroupError(PlugdError, RuntimeError):
+    """A runner group cannot be started as configured."""
+
+
+@attrs.frozen
+class Hosts:
+    """The ranks' hosts of a host file, in rank order (the names the launcher reaches them by)."""
+
+    path: Path
+    names: tuple[str, ...]
+
+    @classmethod
+    def read(cls, path: Path) -> Hosts:
+        """ValueError saying what is wrong with a file that is not a host file MLX's ring backend can use."""
+        try:
+            entries = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot read the host file {path}: {exc}") from None
+        if isinstance(entries, dict):  # the form mlx.distributed_config writes: backend, envs and hosts
+            if entries.get("backend", BACKEND) != BACKEND:
+                raise ValueError(f"host file {path}: backend {entries['backend']!r}; plugd runs groups on the "
+                                 f"{BACKEND} backend only")
+            entries = entries.get("hosts")
+        if not isinstance(entries, list) or len(entries) < 2:
+            raise ValueError(f"host file {path}: expected two or more hosts, one per rank (a JSON list, or an "
+                             "object whose \"hosts\" is one)")
+        names = []
+        for rank, entry in enumerate(entries):
+            if not isinstance(entry, dict) or not isinstance(entry.get("ssh"), str) or not entry.get("ips"):
+                raise ValueError(f"host file {path}: rank {rank} needs \"ssh\" (a host name) and \"ips\" "
+                                 "(its addresses): the ring backend connects the ranks by address")
+            names.append(entry["ssh"])
+        return cls(Path(path), tuple(names))
+
+    def layout(self, files: dict[str, Path]) -> GroupLayout:
+        """What the ranks are started with to serve the model of `files` (its blobs, by file name)."""
+        return GroupLayout(str(self.path), len(self.names), {name: str(blob) for name, blob in files.items()})
+
+
+def launch_command(group: GroupLayout, runner: list[str]) -> list[str]:
+    """The launcher's command line that runs `runner` (arguments to this Python) as every rank of `group`."""
+    launcher = shutil.which("mlx.launch", path=str(Path(sys.executable).parent)) or shutil.which("mlx.launch")
+    if launcher is None:
+        raise GroupError("MLX's launcher (mlx.launch) is not installed, so no runner group can start")
+    return [launcher, "--backend", BACKEND, "--hostfile", group.hostfile, "--starting-port",
+            str(free_ports(group.ranks)), "--python", sys.executable, "--", *runner]
+
+
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive ports free on this machine: the ring listens on one per rank, and two
+    groups (or two daemons) must not share them."""
+    for first in range(FIRST_PORT, LAST_PORT, count):
+        if all(_free(port) for port in range(first, first + count)):
+            return first
+    raise GroupError(f"no {count} consecutive free ports between {FIRST_PORT} and {LAST_PORT} for the ring")
+
+
+def _free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True

@@ -1,0 +1,144 @@
+"""One model over a runner group (plugd.runner.group): two ranks of MLX's ring backend on loopback, started by
+MLX's own launcher from a host file, against the same model in one process, through the HTTP API and the
+official ollama client.
+
+Each rank holds half of every split layer (plugd.nn.sharding), so the group's greedy output matching one
+process's token for token shows that the split, the sums and the ranks' lockstep all hold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import httpx
+import ollama
+import psutil
+import pytest
+
+from plugd.testing.checkpoints import write_checkpoint
+
+FAMILIES = ("qwen3", "qwen3_moe", "qwen3_next")
+GREEDY = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 24}
+PROMPT = "the quick brown fox jumps over the lazy dog " * 3
+SCHEMA = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}, "legs": {"type": "boolean"}},
+          "required": ["colour", "legs"], "additionalProperties": False}
+
+
+def create(server, name: str, checkpoint) -> None:
+    client = ollama.Client(host=server.url)
+    client.create(model=name, files={p.name: client.create_blob(p) for p in sorted(checkpoint.iterdir())})
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("distributed")
+    return {family: write_checkpoint(root / family, family, seed=3) for family in (*FAMILIES, "gemma3_text")}
+
+
+@pytest.fixture(scope="module")
+def hostfile(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hosts") / "hosts.json"
+    path.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2))
+    return path
+
+
+@pytest.fixture(scope="module")
+def servers(plugd_server_factory, checkpoints, hostfile):
+    """(one process, a 2-rank group), each with every family created."""
+    alone, group = plugd_server_factory(), plugd_server_factory(env={"PLUGD_HOSTFILE": str(hostfile)})
+    for server in (alone, group):
+        for family, checkpoint in checkpoints.items():
+            create(server, family, checkpoint)
+    return alone, group
+
+
+def generate(server, model: str, prompt: str = PROMPT, **fields):
+    return ollama.Client(host=server.url).generate(model=model, prompt=prompt, raw=True, options=GREEDY, **fields)
+
+
+def group_of(server, model: str) -> list[dict]:
+    loaded = {m["name"]: m for m in httpx.get(f"{server.url}/api/ps").json()["models"]}
+    return loaded[f"{model}:latest"]["group"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_group_decodes_what_one_process_decodes(servers, family):
+    alone, group = servers
+    expected, got = generate(alone, family), generate(group, family)
+    assert got.eval_count == expected.eval_count == GREEDY["num_predict"]
+    assert got.response == expected.response
+    ranks = group_of(group, family)
+    assert [rank["rank"] for rank in ranks] == [0, 1] and len({rank["pid"] for rank in ranks}) == 2
+    assert "HOSTS" in group.cli("ps").stdout
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_next"])
+def test_the_prefix_cache_serves_the_group(servers, family):
+    alone, group = servers
+    generate(group, family)
+    longer = PROMPT + "and then it runs away"
+    expected, got = generate(alone, family, longer), generate(group, family, longer)
+    assert got.response == expected.response
+    assert got.prompt_eval_count < len(PROMPT.split())  # it resumed after the prompt before
+
+
+def test_structured_output_on_the_group(servers):
+    alone, group = servers
+    expected, got = generate(alone, "qwen3", format=SCHEMA), generate(group, "qwen3", format=SCHEMA)
+    assert got.response == expected.response
+    assert set(json.loads(got.response)) == {"colour", "legs"}
+
+
+def test_a_request_cancelled_mid_prefill_leaves_the_group_in_step(servers):
+    """The client hangs up during a long prefill; the group's next answers are still one process's."""
+    alone, group = servers
+    long_prompt = "word " * 1500
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{group.url}/api/generate", timeout=httpx.Timeout(30, read=0.3), json={
+            "model": "qwen3_next", "prompt": long_prompt, "raw": True, "options": GREEDY})
+    for prompt in (long_prompt, PROMPT):
+        assert generate(group, "qwen3_next", prompt).response == generate(alone, "qwen3_next", prompt).response
+
+
+def test_an_architecture_that_declares_no_split_is_refused(servers):
+    _, group = servers
+    with pytest.raises(ollama.ResponseError) as refused:
+        generate(group, "gemma3_text")
+    assert refused.value.status_code == 400
+    assert "split across ranks" in refused.value.error
+
+
+def test_a_rank_that_dies_fails_its_requests_and_the_next_request_starts_the_group_again(servers):
+    alone, group = servers
+    generate(group, "qwen3")
+    follower = group_of(group, "qwen3")[1]["pid"]
+    stream = ollama.Client(host=group.url).generate(model="qwen3", prompt=PROMPT, raw=True, stream=True,
+                                                    options=GREEDY | {"num_predict": 3000})
+    with pytest.raises(ollama.ResponseError) as failed:
+        for i, _ in enumerate(stream):
+            if i == 3:
+                os.kill(follower, signal.SIGKILL)
+    assert "runner group" in failed.value.error or "peer" in failed.value.error
+    assert generate(group, "qwen3").response == generate(alone, "qwen3").response
+    assert follower not in [rank["pid"] for rank in group_of(group, "qwen3")]
+
+
+def test_unloading_stops_every_rank(servers):
+    _, group = servers
+    generate(group, "qwen3_moe")
+    pids = [rank["pid"] for rank in group_of(group, "qwen3_moe")]
+    generate(group, "qwen3_moe", keep_alive=0)
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
