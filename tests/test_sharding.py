@@ -16,6 +16,7 @@ import pytest
 
 from plugd.runner.quantize import quantize_checkpoint
 from plugd.scheduler.runner_group import Hosts, free_ports
+from plugd.settings import Settings
 from plugd.testing.architectures import architecture_module
 from plugd.testing.checkpoints import write_checkpoint
 
@@ -94,6 +95,11 @@ def test_a_host_file_plugd_cannot_use_is_refused(tmp_path, content, problem):
     path.write_text(content if isinstance(content, str) else json.dumps(content))
     with pytest.raises(ValueError, match=problem):
         Hosts.read(path)
+
+
+def test_the_daemon_names_the_variable_of_a_bad_host_file(tmp_path):
+    with pytest.raises(ValueError, match="invalid PLUGD_HOSTFILE: cannot read the host file"):
+        Settings.from_environment({"PLUGD_HOSTFILE": str(tmp_path / "missing.json")})
 
 
 def test_a_host_file_in_either_of_mlx_forms_reads(tmp_path):

@@ -24,6 +24,7 @@ GRAMMAR_KINDS = ("json", "json_schema")
 
 # The daemon's pid, given to a group's ranks: their parent is MLX's launcher, not the daemon.
 DAEMON_PID_VARIABLE = "PLUGD_DAEMON_PID"
+GROUP_BACKEND = "ring"  # the MLX distributed backend a runner group's ranks talk over
 
 
 @define(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-BACKEND = "ring"
+from plugd.protocol import GROUP_BACKEND
 
 
 class Group:
@@ -34,7 +34,7 @@ class Group:
     @classmethod
     def joined(cls) -> Group:
         """The group `mlx.launch` started this process in (its environment says where the others are)."""
-        return cls(mx.distributed.init(backend=BACKEND, strict=True))
+        return cls(mx.distributed.init(backend=GROUP_BACKEND, strict=True))
 
     def share(self, value: Any = None) -> Any:
         """The leader's `value`, on every rank; the others' is ignored. RuntimeError where a rank is gone. None
@@ -48,8 +48,10 @@ class Group:
         return mx.distributed.all_sum(token if self.leads else token * 0, group=self.group)
 
     def ranks(self) -> list[dict[str, Any]]:
-        """Each rank's host name and process id, in rank order."""
-        mine = {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid()}
+        """Each rank's host name, process id, and what MLX holds for it and has held at most (asked once the
+        model is loaded: its share of the weights, and the load's peak), in rank order."""
+        mine = {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(),
+                "mlx_bytes": mx.get_active_memory(), "mlx_peak": mx.get_peak_memory()}
         return [self._sent(mine, sender) for sender in range(self.size)]
 
     def _sent(self, value: Any, sender: int) -> Any:

@@ -18,9 +18,8 @@ from pathlib import Path
 import attrs
 
 from plugd.errors import PlugdError
-from plugd.protocol import GroupLayout
+from plugd.protocol import GROUP_BACKEND, GroupLayout
 
-BACKEND = "ring"
 FIRST_PORT, LAST_PORT = 30000, 60000
 
 
@@ -43,9 +42,9 @@ class Hosts:
         except (OSError, ValueError) as exc:
             raise ValueError(f"cannot read the host file {path}: {exc}") from None
         if isinstance(entries, dict):  # the form mlx.distributed_config writes: backend, envs and hosts
-            if entries.get("backend", BACKEND) != BACKEND:
+            if entries.get("backend", GROUP_BACKEND) != GROUP_BACKEND:
                 raise ValueError(f"host file {path}: backend {entries['backend']!r}; plugd runs groups on the "
-                                 f"{BACKEND} backend only")
+                                 f"{GROUP_BACKEND} backend only")
             entries = entries.get("hosts")
         if not isinstance(entries, list) or len(entries) < 2:
             raise ValueError(f"host file {path}: expected two or more hosts, one per rank (a JSON list, or an "
@@ -68,7 +67,7 @@ def launch_command(group: GroupLayout, runner: list[str]) -> list[str]:
     launcher = shutil.which("mlx.launch", path=str(Path(sys.executable).parent)) or shutil.which("mlx.launch")
     if launcher is None:
         raise GroupError("MLX's launcher (mlx.launch) is not installed, so no runner group can start")
-    return [launcher, "--backend", BACKEND, "--hostfile", group.hostfile, "--starting-port",
+    return [launcher, "--backend", GROUP_BACKEND, "--hostfile", group.hostfile, "--starting-port",
             str(free_ports(group.ranks)), "--python", sys.executable, "--", *runner]
 
 
