@@ -35,7 +35,7 @@ def create(server, name: str, checkpoint) -> None:
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("distributed")
-    return {family: write_checkpoint(root / family, family, seed=3) for family in (*FAMILIES, "gemma3_text")}
+    return {family: write_checkpoint(root / family, family, seed=3) for family in (*FAMILIES, "nemotron_h")}
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_a_request_cancelled_mid_prefill_leaves_the_group_in_step(servers):
 def test_an_architecture_that_declares_no_split_is_refused(servers):
     _, group = servers
     with pytest.raises(ollama.ResponseError) as refused:
-        generate(group, "gemma3_text")
+        generate(group, "nemotron_h")
     assert refused.value.status_code == 400
     assert "split across ranks" in refused.value.error
 

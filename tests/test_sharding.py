@@ -1,8 +1,9 @@
 """Tensor parallelism (plugd.nn.sharding) at the model level: two ranks of MLX's ring backend on loopback, started
 by MLX's launcher, each load their share of a checkpoint; the logits they compute together, over a prompt
 and then a decode step through the caches, are one process's. The HTTP tests (tests/test_distributed.py)
-cover qwen3, qwen3_moe and qwen3_next; these cover Qwen3.5's own projections, a quantized checkpoint, and the
-refusals."""
+cover qwen3, qwen3_moe and qwen3_next; these cover Qwen3.5's own projections, Gemma 3 and 4 (norms after
+each summed block, sliding-window caches, layers sharing earlier layers' keys and values, experts beside a
+dense MLP), a quantized checkpoint, and the refusals."""
 
 from __future__ import annotations
 
@@ -45,8 +46,9 @@ print(f"rank {group.rank()} difference {difference:.3g}", flush=True)
 """
 
 
-def run_ranks(tmp_path: Path, model_type: str, checkpoint: Path) -> str:
+def run_ranks(tmp_path: Path, checkpoint: Path) -> str:
     """What two ranks print loading `checkpoint` split and whole, and comparing the two."""
+    model_type = json.loads((checkpoint / "config.json").read_text())["model_type"]
     script = tmp_path / "ranks.py"
     script.write_text(SCRIPT)
     launcher = shutil.which("mlx.launch", path=str(Path(sys.executable).parent))
@@ -61,10 +63,12 @@ def differences(output: str) -> list[float]:
     return [float(line.split()[-1]) for line in output.splitlines() if " difference " in line]
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
-def test_qwen3_5_splits_across_two_ranks(tmp_path, model_type):
-    checkpoint = write_checkpoint(tmp_path / model_type, model_type, seed=2)
-    output = run_ranks(tmp_path, model_type, checkpoint)
+@pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_5_moe", "gemma3_text", "gemma3", "gemma4_text", "gemma4_text_moe"])
+def test_a_model_splits_across_two_ranks(tmp_path, kind):
+    # Its full-attention layers' one key-and-value head would not split; two do.
+    overrides = {"num_global_key_value_heads": 2} if kind == "gemma4_text_moe" else None
+    checkpoint = write_checkpoint(tmp_path / kind, kind, seed=2, overrides=overrides)
+    output = run_ranks(tmp_path, checkpoint)
     assert len(differences(output)) == 2, output
     assert max(differences(output)) < 1e-4, output
 
@@ -73,14 +77,14 @@ def test_a_quantized_checkpoint_splits_across_two_ranks(tmp_path):
     quantized = tmp_path / "q4"
     quantize_checkpoint(write_checkpoint(tmp_path / "qwen3", "qwen3", seed=2), quantized,
                         architecture_module("qwen3"), bits=4, group_size=32)
-    output = run_ranks(tmp_path, "qwen3", quantized)
+    output = run_ranks(tmp_path, quantized)
     assert len(differences(output)) == 2, output
     assert max(differences(output)) < 1e-4, output
 
 
 def test_heads_that_do_not_divide_are_refused(tmp_path):
     checkpoint = write_checkpoint(tmp_path / "odd", "qwen3", overrides={"num_key_value_heads": 1})
-    output = run_ranks(tmp_path, "qwen3", checkpoint)
+    output = run_ranks(tmp_path, checkpoint)
     assert "refused: cannot split across 2 ranks: 1 key/value heads do not split evenly" in output, output
 
 

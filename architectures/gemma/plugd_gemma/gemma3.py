@@ -130,6 +130,10 @@ class Model(nn.Module):
     def make_cache(self) -> list:
         return self.language_model.make_cache()
 
+    def shard(self, group: mx.distributed.Group) -> None:
+        """The language model splits as Gemma 3's text model; the vision tower stays whole on every rank."""
+        self.language_model.shard(group)
+
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         renamed = {hub_name(name): tensor for name, tensor in weights.items()}
         if not any(name.startswith("vision_tower.") for name in renamed):

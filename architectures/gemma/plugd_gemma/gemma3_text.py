@@ -28,6 +28,7 @@ from plugd.nn.decoder import DecoderShape, LanguageModel
 from plugd.nn.linear import Embedding, Linear
 from plugd.nn.media import place_media
 from plugd.nn.mlp import GatedMLP
+from plugd.nn.sharding import shard_attention, shard_blocks
 from plugd_gemma.common import (
     GemmaRoPE,
     RopeSettings,
@@ -116,6 +117,9 @@ class Attention(nn.Module):
             out, _ = attend(queries, keys, values, self.scale, self.window, cache, spans, offset)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))
 
+    def shard(self, group: mx.distributed.Group) -> None:
+        shard_attention(self, group)
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, args: ModelArgs, kind: str):
@@ -169,6 +173,11 @@ class Model(LanguageModel):
 
     def make_cache(self) -> list:
         return [make_layer_cache(kind, self.args.sliding_window) for kind in self.args.layer_types]
+
+    def shard(self, group: mx.distributed.Group) -> None:
+        """Tensor parallel (plugd.nn.sharding): attention by heads, the MLP by hidden units, each summed before
+        the norm that follows it."""
+        shard_blocks(self.model.layers, group, "self_attn", "mlp")
 
     def hidden_states(self, tokens: mx.array, lengths: mx.array) -> mx.array:
         """As a decoder's, but a bidirectional model's positions see every real position of their row (global

@@ -84,6 +84,10 @@ class Model(nn.Module):
     def make_cache(self) -> list:
         return self.language_model.make_cache()
 
+    def shard(self, group: mx.distributed.Group) -> None:
+        """The language model splits as Gemma 4's text model; the vision tower stays whole on every rank."""
+        self.language_model.shard(group)
+
     @property
     def quant_predicate(self):
         return self.language_model.quant_predicate

@@ -40,6 +40,7 @@ from plugd.nn.linear import Embedding, Linear
 from plugd.nn.media import place_media
 from plugd.nn.mlp import GatedMLP
 from plugd.nn.norms import RMSNorm
+from plugd.nn.sharding import shard_blocks, share, split_inputs, split_outputs
 from plugd.nn.switch import routers_at_8_bits
 from plugd.nn.switch_mlp import SwitchGLU
 from plugd_gemma.common import (
@@ -181,6 +182,16 @@ class Attention(nn.Module):
             out = attend_shared(queries, shared, 1.0)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1)), shared
 
+    def shard(self, group: mx.distributed.Group) -> None:
+        """By heads; a layer that shares an earlier layer's keys and values shares this rank's heads of them."""
+        self.heads = share(self.heads, group, "attention heads")
+        self.kv_heads = share(self.kv_heads, group, "key/value heads")
+        split_outputs(self.q_proj, group)
+        for name in ("k_proj", "v_proj"):
+            if name in self:
+                split_outputs(self[name], group)
+        split_inputs(self.o_proj, group)
+
 
 class Router(nn.Module):
     """Each token's `top_k_experts` experts and their weights, chosen from the residual stream: RMS-normalised,
@@ -211,6 +222,9 @@ class Experts(nn.Module):
 
     def __call__(self, x: mx.array, experts: mx.array, weights: mx.array) -> mx.array:
         return (self.switch_glu(x, experts) * weights[..., None]).sum(axis=-2)
+
+    def shard(self, group: mx.distributed.Group) -> None:
+        self.switch_glu.shard(group)
 
 
 class DecoderLayer(nn.Module):
@@ -319,6 +333,11 @@ class Model(LanguageModel):
 
     def make_cache(self) -> list:
         return [make_layer_cache(kind, self.args.sliding_window) for kind in self.args.layer_types[: self.args.kv_layers]]
+
+    def shard(self, group: mx.distributed.Group) -> None:
+        """Tensor parallel (plugd.nn.sharding): attention by heads, the dense MLP and every expert by hidden units,
+        each summed before the norm that follows it; the router and the per-layer inputs stay whole."""
+        shard_blocks(self.model.layers, group, "self_attn", "mlp", "experts")
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Drop rotary tables, activation clipping bounds, KV projections of KV-sharing layers, and a tied lm_head;

@@ -20,7 +20,7 @@ from plugd.nn.linear import Embedding, Linear
 from plugd.nn.mlp import GatedMLP
 from plugd.nn.norms import RMSNorm
 from plugd.nn.rope import RoPE, rope_base
-from plugd.nn.sharding import shard_blocks, share, split_inputs, split_outputs
+from plugd.nn.sharding import shard_attention, shard_blocks
 
 
 @dataclass(frozen=True)
@@ -76,17 +76,7 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))
 
     def shard(self, group: mx.distributed.Group) -> None:
-        shard_heads(self, group)
-
-
-def shard_heads(attention: nn.Module, group: mx.distributed.Group) -> None:
-    """Each rank keeps a share of the query and key/value heads (its caches hold only those); the output
-    projection's output is its part of the sum."""
-    attention.heads = share(attention.heads, group, "attention heads")
-    attention.kv_heads = share(attention.kv_heads, group, "key/value heads")
-    for projection in (attention.q_proj, attention.k_proj, attention.v_proj):
-        split_outputs(projection, group)
-    split_inputs(attention.o_proj, group)
+        shard_attention(self, group)
 
 
 class DecoderLayer(nn.Module):

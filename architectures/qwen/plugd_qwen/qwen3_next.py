@@ -36,7 +36,7 @@ from plugd.nn.mlp import GatedMLP
 from plugd.nn.norms import RMSNorm
 from plugd.nn.recurrent import RecurrentCache
 from plugd.nn.rope import RoPE
-from plugd.nn.sharding import part, shard_blocks, share, split_inputs, split_outputs
+from plugd.nn.sharding import part, shard_attention, shard_blocks, share, split_inputs, split_outputs
 from plugd.nn.short_conv import ShortConv, fold_conv_weights
 from plugd.nn.switch import routers_at_8_bits, stack_experts
 from plugd_qwen import qwen3, qwen3_moe
@@ -130,7 +130,7 @@ class GatedAttention(nn.Module):
     def shard(self, group: mx.distributed.Group) -> None:
         """By heads: q_proj holds each head's queries and output gate side by side, so a share of its rows is a
         share of whole heads."""
-        qwen3.shard_heads(self, group)
+        shard_attention(self, group)
 
 
 @mx.compile

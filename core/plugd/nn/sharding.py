@@ -53,16 +53,32 @@ def share(count: int, group: mx.distributed.Group, what: str) -> int:
     return count // group.size()
 
 
+def shard_attention(attention: nn.Module, group: mx.distributed.Group) -> None:
+    """Split an attention block that names its head counts `heads` and `kv_heads` and its projections q_proj,
+    k_proj, v_proj and o_proj: each rank keeps a share of the query and key/value heads (its caches hold only
+    those), and o_proj's output is its part of the sum."""
+    attention.heads = share(attention.heads, group, "attention heads")
+    attention.kv_heads = share(attention.kv_heads, group, "key/value heads")
+    for projection in (attention.q_proj, attention.k_proj, attention.v_proj):
+        split_outputs(projection, group)
+    split_inputs(attention.o_proj, group)
+
+
 class Summed(nn.Module):
-    """A split block: each rank computes its part of the output, and every rank gets their sum."""
+    """A split block: each rank computes its part of the output, and every rank gets their sum. A block that
+    returns a tuple has its first item summed; the rest (keys and values a later layer shares, say) stay
+    this rank's."""
 
     def __init__(self, block: nn.Module, group: mx.distributed.Group):
         super().__init__()
         self.block = block
         self.group = group
 
-    def __call__(self, *args: Any, **kwargs: Any) -> mx.array:
-        return mx.distributed.all_sum(self.block(*args, **kwargs), group=self.group)
+    def __call__(self, *args: Any, **kwargs: Any) -> mx.array | tuple:
+        out = self.block(*args, **kwargs)
+        if isinstance(out, tuple):
+            return mx.distributed.all_sum(out[0], group=self.group), *out[1:]
+        return mx.distributed.all_sum(out, group=self.group)
 
 
 def shard_blocks(layers: Sequence[nn.Module], group: mx.distributed.Group, *names: str) -> None:
