@@ -20,7 +20,7 @@ import pytest
 
 from plugd.testing.checkpoints import write_checkpoint
 
-FAMILIES = ("qwen3", "qwen3_moe", "qwen3_next")
+FAMILIES = ("qwen3", "qwen3_moe", "qwen3_next", "nemotron_h")
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 24}
 PROMPT = "the quick brown fox jumps over the lazy dog " * 3
 SCHEMA = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}, "legs": {"type": "boolean"}},
@@ -35,7 +35,10 @@ def create(server, name: str, checkpoint) -> None:
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("distributed")
-    return {family: write_checkpoint(root / family, family, seed=3) for family in (*FAMILIES, "nemotron_h")}
+    checkpoints = {family: write_checkpoint(root / family, family, seed=3) for family in FAMILIES}
+    # One key/value head: it cannot be shared out between two ranks.
+    return checkpoints | {"unsplittable": write_checkpoint(root / "unsplittable", "qwen3", seed=3,
+                                                           overrides={"num_key_value_heads": 1})}
 
 
 @pytest.fixture(scope="module")
@@ -103,12 +106,13 @@ def test_a_request_cancelled_mid_prefill_leaves_the_group_in_step(servers):
         assert generate(group, "qwen3_next", prompt).response == generate(alone, "qwen3_next", prompt).response
 
 
-def test_an_architecture_that_declares_no_split_is_refused(servers):
-    _, group = servers
+def test_a_model_that_cannot_split_is_refused_with_the_reason(servers):
+    alone, group = servers
     with pytest.raises(ollama.ResponseError) as refused:
-        generate(group, "nemotron_h")
+        generate(group, "unsplittable")
     assert refused.value.status_code == 400
-    assert "split across ranks" in refused.value.error
+    assert "1 key/value heads do not split evenly across 2 ranks" in refused.value.error
+    assert generate(alone, "unsplittable").eval_count == GREEDY["num_predict"]  # one process runs it
 
 
 def test_a_rank_that_dies_fails_its_requests_and_the_next_request_starts_the_group_again(servers):

@@ -3,7 +3,7 @@ by MLX's launcher, each load their share of a checkpoint; the logits they comput
 and then a decode step through the caches, are one process's. The HTTP tests (tests/test_distributed.py)
 cover qwen3, qwen3_moe and qwen3_next; these cover Qwen3.5's own projections, Gemma 3 and 4 (norms after
 each summed block, sliding-window caches, layers sharing earlier layers' keys and values, experts beside a
-dense MLP), a quantized checkpoint, and the refusals."""
+dense MLP), Nemotron-H (Mamba2 by heads and groups), a quantized checkpoint, and the refusals."""
 
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ def differences(output: str) -> list[float]:
     return [float(line.split()[-1]) for line in output.splitlines() if " difference " in line]
 
 
-@pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_5_moe", "gemma3_text", "gemma3", "gemma4_text", "gemma4_text_moe"])
+@pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_5_moe", "gemma3_text", "gemma3", "gemma4_text", "gemma4_text_moe",
+                                  "nemotron_h"])
 def test_a_model_splits_across_two_ranks(tmp_path, kind):
     # Its full-attention layers' one key-and-value head would not split; two do.
     overrides = {"num_global_key_value_heads": 2} if kind == "gemma4_text_moe" else None

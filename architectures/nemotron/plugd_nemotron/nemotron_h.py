@@ -27,6 +27,7 @@ from plugd.nn.mamba import selective_scan, time_steps
 from plugd.nn.media import place_media
 from plugd.nn.norms import RMSNorm
 from plugd.nn.recurrent import RecurrentCache
+from plugd.nn.sharding import part, shard_attention, shard_blocks, share, split_inputs, split_outputs
 from plugd.nn.short_conv import ShortConv, fold_conv_weights
 from plugd.nn.switch import stack_experts
 from plugd.nn.switch_mlp import SwitchMLP
@@ -157,6 +158,23 @@ class Mamba2Mixer(nn.Module):
             cache.advance(window, state, length)
         return self.out_proj(self.norm(y.reshape(batch, length, self.inner), gate))
 
+    def shard(self, group: mx.distributed.Group) -> None:
+        """By heads, each group of heads with its B and C: in_proj's gate, x, B, C and dt rows are shared out
+        part by part, as are the convolution's x, B and C channels and the per-head vectors; the gated norm
+        keeps its groups whole. Each rank's recurrent state holds only its heads."""
+        inner, grouped = self.inner, self.groups * self.state_size
+        split_outputs(self.in_proj, group, segments=[inner, 2 * inner, 2 * inner + grouped, 2 * inner + 2 * grouped])
+        channels = [inner, inner + grouped]
+        self.conv1d.weight = part(self.conv1d["weight"], group, channels)
+        if "bias" in self.conv1d:
+            self.conv1d.bias = part(self.conv1d["bias"], group, channels)
+        self.dt_bias, self.A_log, self.D = (part(self[name], group) for name in ("dt_bias", "A_log", "D"))
+        self.norm.weight = part(self.norm["weight"], group)
+        split_inputs(self.out_proj, group)
+        self.heads = share(self.heads, group, "Mamba heads")
+        self.groups = self.norm.groups = share(self.groups, group, "Mamba groups")
+        self.inner, self.conv_channels = inner // group.size(), self.conv_channels // group.size()
+
 
 class Attention(nn.Module):
     """Grouped-query attention without positional encoding (the Mamba2 layers carry position)."""
@@ -183,6 +201,9 @@ class Attention(nn.Module):
         out = attend(queries, keys, values, self.scale, cache)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, length, -1))
 
+    def shard(self, group: mx.distributed.Group) -> None:
+        shard_attention(self, group)
+
 
 class ReluSquaredMLP(nn.Module):
     """down(relu(up(x))^2)."""
@@ -194,6 +215,10 @@ class ReluSquaredMLP(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.down_proj(nn.relu2(self.up_proj(x)))
+
+    def shard(self, group: mx.distributed.Group) -> None:
+        split_outputs(self.up_proj, group)
+        split_inputs(self.down_proj, group)
 
 
 @mx.compile
@@ -257,6 +282,13 @@ class MoE(nn.Module):
         if "shared_experts" in self:
             y = y + self.shared_experts(x)
         return y
+
+    def shard(self, group: mx.distributed.Group) -> None:
+        """The router and the latent projections stay whole: fc2_latent_proj, linear, maps each rank's part of the
+        experts' sum to its part of the output."""
+        self.switch_mlp.shard(group)
+        if "shared_experts" in self:
+            self.shared_experts.shard(group)
 
 
 class Block(nn.Module):
@@ -323,6 +355,11 @@ class Model(nn.Module):
         """One cache per Mamba2 layer (recurrent) and per attention layer (keys and values), in layer order;
         MLP and MoE layers keep nothing."""
         return [RecurrentCache() if kind == MAMBA else KVCache() for kind in self.args.pattern if kind in (MAMBA, ATTENTION)]
+
+    def shard(self, group: mx.distributed.Group) -> None:
+        """Tensor parallel (plugd.nn.sharding): every block's mixer (Mamba2, attention, MLP or MoE) by its own
+        `shard`, summed over the group."""
+        shard_blocks(self.backbone.layers, group, "mixer")
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Fold a Hugging Face checkpoint into this model's parameters, lazily.

@@ -88,6 +88,10 @@ class Model(nn.Module):
                  ) -> mx.array:
         return self.language_model(tokens, cache, media)
 
+    def shard(self, group: mx.distributed.Group) -> None:
+        """The language model splits as Nemotron-H's; the vision tower stays whole on every rank."""
+        self.language_model.shard(group)
+
     def preprocess(self, image: Image.Image) -> mx.array:
         return omni_processor.preprocess(image, self.args.vision.patch_size, self.args.merge, self.args.patch_budget)
 

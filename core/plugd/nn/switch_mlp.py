@@ -59,6 +59,11 @@ class SwitchMLP(nn.Module):
         hidden = self.activation(self.fc1(routed.rows, routed.experts, routed.sorted))
         return routed.restore(self.fc2(hidden, routed.experts, routed.sorted))
 
+    def shard(self, group: mx.distributed.Group) -> None:
+        """As SwitchGLU's: each rank keeps a share of every expert's hidden units."""
+        split_outputs(self.fc1, group)
+        split_inputs(self.fc2, group)
+
 
 class SwitchGLU(nn.Module):
     """(..., dims) and (..., k) experts -> (..., k, dims): down(activation(gate(x)) * up(x)) through each chosen expert."""
