@@ -65,10 +65,10 @@ class Trained:
     tokenizer: Tokenizer
     grammars: Grammars
 
-    def engine(self, one_at_a_time: bool = False) -> Engine:
+    def engine(self, one_at_a_time: bool = False, burst_chunks: int = 0) -> Engine:
         """An engine with the prefix-cache policy (what a runner runs when it is installed)."""
         return Engine(self.model, self.tokenizer, prefill_chunk=32, cache_policy=lambda model: make_policy(
-            "plugd_prefix_cache.policy:prefix_cache", model), one_at_a_time=one_at_a_time)
+            "plugd_prefix_cache.policy:prefix_cache", model), one_at_a_time=one_at_a_time, burst_chunks=burst_chunks)
 
     def request(self, transcript: Transcript, **fields) -> Completion:
         defaults = {"tokens": self.tokenizer.encode(transcript.prompt), "sampling": GREEDY, "num_predict": 80,
@@ -169,6 +169,40 @@ def test_each_request_in_a_batch_gives_what_it_gives_alone(trained):
     retry.events = list(engine.complete(cancelled, lambda: False))  # resumes where the cancelled prefill stopped
     assert retry.done.prompt_eval_count <= len(cancelled.tokens) - dropped.done.prompt_eval_count
     assert retry.tokens == alone(trained, cancelled).tokens
+
+
+def first_token_steps(engine: Engine, requests: list[Completion], cancel_when_ready: Completion | None = None,
+                      ) -> tuple[list[Outcome], list[int | None], Outcome]:
+    """Submit `requests` together (and `cancel_when_ready`, cancelled once its prefill is done and it waits in
+    the batch); step until all end. Their outcomes, the step at which each emitted its first token, and the
+    cancelled one's outcome."""
+    outcomes, dropped, cancel = [Outcome() for _ in requests], Outcome(), []
+    for request, outcome in zip(requests, outcomes):
+        engine.submit(request, lambda e, o=outcome: e is None or o.events.append(e), lambda: False)
+    if cancel_when_ready is not None:
+        sequence = engine.submit(cancel_when_ready, lambda e: e is None or dropped.events.append(e), lambda: bool(cancel))
+    firsts: list[int | None] = [None] * len(requests)
+    steps = 0
+    while not engine.idle:
+        engine.step()
+        steps += 1
+        if cancel_when_ready is not None and sequence in engine.batch.rows:
+            cancel.append(True)
+        firsts = [steps if first is None and o.tokens else first for first, o in zip(firsts, outcomes)]
+    return outcomes, firsts, dropped
+
+
+def test_a_burst_decodes_together_from_its_first_step(trained):
+    requests = [trained.request(t) for t in (SHORT, LONG, MEDIUM, OTHER_LONG)]
+    ready_then_cancelled = trained.request(MEDIUM, tokens=trained.tokenizer.encode(turn(words(12, 3))))
+    outcomes, firsts, dropped = first_token_steps(trained.engine(burst_chunks=16), requests, ready_then_cancelled)
+    assert len(set(firsts)) == 1, firsts
+    for request, outcome in zip(requests, outcomes):
+        assert outcome.tokens == alone(trained, request).tokens
+    assert dropped.tokens == [] and dropped.done.done_reason == "cancel"
+    # With room for one chunk only, the rows start decoding while the others are still being prefilled.
+    _, firsts, _ = first_token_steps(trained.engine(burst_chunks=1), requests)
+    assert len(set(firsts)) > 1, firsts
 
 
 def test_a_finished_row_leaves_its_caches_to_the_next_turn(trained):

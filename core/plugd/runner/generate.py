@@ -11,6 +11,12 @@ prompt holds the decoding rows up by at most one chunk. A row that ends
 leaves at once, and its caches go back to the policy (`adopt`), so that the
 next turn of its conversation resumes after its output.
 
+A batch that has not begun decoding waits for the prompts queued with it
+(for at most `burst_chunks` prefill chunks' positions): a burst of requests then decodes
+together from its first step, rather than in partial batches squeezed between
+the prefills, each of which costs a whole pass over the weights for a few
+tokens. Rows that are decoding never wait for a prefill beyond one chunk.
+
 Decoding is pipelined: step n+1 is dispatched to MLX before token n is read,
 so the device never waits for Python. All of it must run on one thread (MLX
 streams are thread-local).
@@ -82,10 +88,12 @@ class Engine:
 
     def __init__(self, model: nn.Module, tokenizer: Tokenizer, prefill_chunk: int = PREFILL_CHUNK,
                  cache_policy: Callable[[nn.Module], RunnerCachePolicy] = single_slot, one_at_a_time: bool = False,
-                 agree: Callable[[mx.array], mx.array] = lambda token: token):
+                 agree: Callable[[mx.array], mx.array] = lambda token: token, burst_chunks: int = 0):
         """`one_at_a_time`: a completion is submitted only once the one before has ended (the daemon sends one
         at a time), so the one decoding needs no caches of its own: it decodes in the policy's. `agree` turns
-        each token drawn into the one every rank of a group decodes (plugd.runner.group)."""
+        each token drawn into the one every rank of a group decodes (plugd.runner.group). `burst_chunks`: the
+        most prompt positions, in prefill chunks, that a batch that has not begun decoding waits through for the
+        prompts queued with it."""
         self.model = model
         self.tokenizer = tokenizer
         self.prefill_chunk = prefill_chunk
@@ -98,6 +106,8 @@ class Engine:
         self._prefilling: tuple[Sequence, Iterator[None]] | None = None
         self._returned: tuple[list[Any], list[int]] | None = None  # a finished row's caches, for the policy
         self._steps = 0
+        self.burst_chunks = burst_chunks
+        self._waited = 0  # the prefill chunks the batch has waited through before its first decode step
 
     @property
     def idle(self) -> bool:
@@ -146,13 +156,27 @@ class Engine:
             self.step()
 
     def step(self) -> None:
-        """One prefill chunk of the sequence whose turn it is, then one decode step of every decoding row."""
+        """One prefill chunk of the sequence whose turn it is, then one decode step of every decoding row (unless
+        the batch waits for its burst: `_waits_for_burst`)."""
+        if not self.batch.rows:
+            self._waited = 0
         if self._prefilling is None and not (self.batch.alone and self.batch.rows):
             self._start_prefill()
-        if self._prefilling is not None:
-            self._prefill_chunk(*self._prefilling)
-        if self.batch.rows:
+        evaluated = self._prefill_step()
+        if self._waits_for_burst():
+            self._waited += evaluated
+            self._end_cancelled(self.batch.rows)
+            self._leave([s for s in self.batch.rows if s.ended])
+        elif self.batch.rows:
             self._decode_step()
+
+    def _waits_for_burst(self) -> bool:
+        """Whether the batch's first decode step waits: none of its rows has decoded yet, another prompt is being
+        prefilled or queued, and the batch has waited through fewer than `burst_chunks` chunks' positions."""
+        rows = self.batch.rows
+        queued = self._prefilling is not None or bool(self._waiting)
+        room = self._waited < self.burst_chunks * self.prefill_chunk
+        return bool(rows) and queued and room and not any(s.decoding for s in rows)
 
     def live_bytes(self) -> int:
         """What the live caches hold: the policy's and the decoding rows'."""
@@ -171,11 +195,17 @@ class Engine:
         self._prefilling = (sequence, chunks)
         self._advance(*self._prefilling)
 
-    def _prefill_chunk(self, sequence: Sequence, chunks: Iterator[None]) -> None:
+    def _prefill_step(self) -> int:
+        """The next chunk of the prefill under way, if any; the prompt positions it evaluated."""
+        if self._prefilling is None:
+            return 0
+        sequence, chunks = self._prefilling
+        before = sequence.tally.prompt_eval_count
         if sequence.cancelled():
             self._settle(sequence, sequence.tally.done("cancel"))
         else:
             self._advance(sequence, chunks)
+        return sequence.tally.prompt_eval_count - before
 
     def _advance(self, sequence: Sequence, chunks: Iterator[None]) -> None:
         """Run the prefill to its next chunk; hand the sequence off to the batch when the prefill is done."""
@@ -224,11 +254,15 @@ class Engine:
         if self._steps % RELEASE_BUFFERS_EVERY == 0:
             mx.clear_cache()
 
-    def _decode(self, rows: list[Sequence]) -> None:
-        """Feed every row its token, draw each row's next one, and read the ones drawn the step before."""
+    @staticmethod
+    def _end_cancelled(rows: list[Sequence]) -> None:
         for sequence in rows:
             if sequence.cancelled():
                 sequence.end(sequence.tally.done("cancel"))
+
+    def _decode(self, rows: list[Sequence]) -> None:
+        """Feed every row its token, draw each row's next one, and read the ones drawn the step before."""
+        self._end_cancelled(rows)
         last = [s for s in rows if not s.ended and not s.more]  # read without feeding: their budget ends there
         self._leave([s for s in rows if s.ended or not s.more])
         feeding = list(self.batch.rows)

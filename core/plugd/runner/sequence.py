@@ -94,6 +94,7 @@ class Sequence:
         self.budget = room if request.num_predict < 0 else min(request.num_predict, room)
         self.tally.fills_context = self.budget == room
         self.held: list[int] = []  # the cache keys its batch row holds, once it decodes
+        self.decoding = False  # a decode step has fed it
         self.pending: PendingToken | None = None
         self.outcome: DoneEvent | Exception | None = None  # how it ended
         self._mask: TokenMask | None = None
@@ -124,6 +125,7 @@ class Sequence:
 
     def feed(self) -> mx.array:
         """The (1,) token this row feeds the next step: the prompt's last, or the one it drew last."""
+        self.decoding = True
         if self.pending is None:
             self.held.append(self.prompt.keys[-1])
             self.tally.prompt_eval_count += 1

@@ -87,7 +87,8 @@ class ModelHost:
         log.info("%d completion(s) at once", config.num_parallel)
         agree = {} if self.group is None else {"agree": self.group.agree}
         return Engine(model, Tokenizer.from_dir(model_dir), cache_policy=lambda m: make_policy(config.cache_policy, m,
-                      budget), one_at_a_time=config.num_parallel == 1, **agree)
+                      budget), one_at_a_time=config.num_parallel == 1, burst_chunks=config.num_parallel,
+                      **agree)
 
     def memory(self) -> dict[str, int]:
         return {
