@@ -17,13 +17,26 @@ import attrs
 import pytest
 
 from plugd import plugins
-from plugd.protocol import Completion, DoneEvent, GrammarSpec, SamplingParams, TokenEvent
+from plugd.protocol import Completion, GrammarSpec
 from plugd.runner.cache_policy import make_policy
 from plugd.runner.generate import Engine
 from plugd.runner.grammar import Grammars
 from plugd.runner.loading import load_model
 from plugd.runner_api import GrammarVocabulary
 from plugd.testing.architectures import architecture_module
+from plugd.testing.decoding import (
+    GREEDY,
+    LONG,
+    MEDIUM,
+    OTHER_LONG,
+    SEEDED,
+    SHORT,
+    STRUCTURED,
+    TRANSCRIPTS,
+    Outcome,
+    turn,
+    words,
+)
 from plugd.testing.training import FAST_OVERRIDES, Transcript, train_checkpoint
 from plugd.tokenizer import Tokenizer
 
@@ -37,26 +50,6 @@ OVERRIDES = {
     "nemotron_h": {"hybrid_override_pattern": "M*M-", "num_hidden_layers": 4},
     "gemma3_text": {"num_hidden_layers": 2, "sliding_window_pattern": 2},
 }
-WORDS = ("the quick brown fox jumps over a lazy dog while seven green parrots sing about rivers and stone "
-         "under an old bridge near the quiet market").split()
-
-
-def turn(question: str) -> str:
-    return f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
-
-
-def words(count: int, start: int) -> str:
-    return " ".join(WORDS[(start + 7 * i) % len(WORDS)] for i in range(count))
-
-
-SHORT = Transcript(turn("Hi"), "Hello, how are you today? The river is calm and the parrots sing.")
-MEDIUM = Transcript(turn(words(20, 1)), "Parrots sing about stone rivers under the old bridge all day long.")
-LONG = Transcript(turn(words(60, 2)), "A lazy dog jumps over seven foxes near the quiet market at dawn.")
-STRUCTURED = Transcript(turn("Give JSON."), '{"name": "fox", "legs": 4, "colour": "brown"}')
-OTHER_LONG = Transcript(turn(words(45, 5)), "The market is quiet and the green parrots are asleep.")
-TRANSCRIPTS = [SHORT, MEDIUM, LONG, STRUCTURED, OTHER_LONG]
-GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.0)
-SEEDED = SamplingParams(temperature=1.0, top_k=20, seed=5, repeat_penalty=1.0)
 
 
 @attrs.define
@@ -90,24 +83,6 @@ def trained(request, tmp_path_factory) -> Trained:
     width = Engine(model, tokenizer).logits_width
     engines = {engine.name: engine.factory for engine in plugins.load().items.get("plugd_grammar_engines", [])}
     return Trained(model, tokenizer, Grammars(lambda: GrammarVocabulary.of(tokenizer, width), engines))
-
-
-@attrs.define
-class Outcome:
-    events: list = attrs.Factory(list)
-
-    @property
-    def tokens(self) -> list[int]:
-        return [event.token for event in self.events if isinstance(event, TokenEvent)]
-
-    @property
-    def text(self) -> str:
-        return "".join(e.text for e in self.events if isinstance(e, TokenEvent | DoneEvent))
-
-    @property
-    def done(self) -> DoneEvent:
-        assert isinstance(self.events[-1], DoneEvent), self.events[-1]
-        return self.events[-1]
 
 
 def alone(trained: Trained, request: Completion, grammar: Callable | None = None) -> Outcome:

@@ -13,13 +13,15 @@ from plugd.runner.sequence import Sequence
 
 class Batch:
     """With `alone`, at most one row at a time (the daemon sends one completion at a time): the row decodes in the
-    policy's own caches, taken and given back as they are, copying nothing."""
+    policy's own caches, taken and given back as they are, copying nothing. A batch whose lone row decodes
+    speculatively holds that row's caches as single-sequence ones (`solo`) until another row joins."""
 
     def __init__(self, model: nn.Module, alone: bool = False):
         self.model = model
         self.alone = alone
         self.rows: list[Sequence] = []
         self.layers: list[Any] | None = None
+        self._solo = False
 
     def join(self, sequence: Sequence, caches: list[Any]) -> None:
         """Add a row continuing `caches` (one per layer, as the cache policy holds them; copied, not taken)."""
@@ -29,18 +31,35 @@ class Batch:
             self.layers = caches
             self.rows.append(sequence)
             return
-        if self.layers is None:
-            self.layers = [cache.batch() for cache in caches]
-        limit = len(sequence.prompt.tokens) + max(sequence.budget, 0) + 1
-        for layer, cache in zip(self.layers, caches, strict=True):
-            layer.extend([cache], [limit])
+        if self._solo:  # back into batch caches, beside the new row
+            self.layers, self._solo = self._batched(self.rows[0], self.layers), False
+        self.layers = self._batched(sequence, caches, self.layers)
         self.rows.append(sequence)
+
+    def solo(self) -> list[Any]:
+        """The lone row's caches as single-sequence ones (plugd.nn.cache), which trim and restore as a speculative
+        round needs; they stay so until another row joins."""
+        if not (self.alone or self._solo):
+            if len(self.rows) != 1:
+                raise RuntimeError("only a lone row decodes in single-sequence caches")
+            self.layers = [layer.row(0) for layer in self.layers]
+            self._solo = True
+        return self.layers
+
+    @staticmethod
+    def _batched(sequence: Sequence, caches: list[Any], layers: list[Any] | None = None) -> list[Any]:
+        """`layers` (new batch caches when None) with a row continuing `caches` for `sequence` added."""
+        layers = layers or [cache.batch() for cache in caches]
+        limit = len(sequence.prompt.tokens) + max(sequence.budget, 0) + 1
+        for layer, cache in zip(layers, caches, strict=True):
+            layer.extend([cache], [limit])
+        return layers
 
     def leave(self, leaving: Collection[Sequence]) -> list[tuple[Sequence, list[Any]]]:
         """Drop the rows of `leaving`; return each with its caches, copied out of the batch."""
         if not leaving:
             return []
-        if self.alone:
+        if self.alone or self._solo:
             out = [(self.rows[0], self.layers)]
             self.clear()
             return out
@@ -55,7 +74,7 @@ class Batch:
         return out
 
     def clear(self) -> None:
-        self.rows, self.layers = [], None
+        self.rows, self.layers, self._solo = [], None, False
 
     def forward(self, tokens: mx.array) -> mx.array:
         """Each row's next-token logits, (rows, vocab), after feeding it its token of `tokens` (rows,); lazy."""
@@ -64,4 +83,4 @@ class Batch:
     @property
     def nbytes(self) -> int:
         """What the rows' caches hold beyond the policy's (a batch of one holds those)."""
-        return 0 if self.alone else sum(layer.nbytes for layer in self.layers or ())
+        return 0 if self.alone else sum(layer.nbytes for layer in self.layers or ())  # solo ones are its own

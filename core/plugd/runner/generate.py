@@ -45,14 +45,17 @@ from plugd.constants import PREFILL_CHUNK
 from plugd.protocol import Completion, DoneEvent, PrefillEvent, TokenEvent
 from plugd.runner.batch import Batch
 from plugd.runner.cache_policy import single_slot
+from plugd.runner.drafting import Drafted, Drafter, weight_bytes
 from plugd.runner.grammar import TokenMask
 from plugd.runner.media import inside_run
 from plugd.runner.prefill import prefill
 from plugd.runner.sequence import Emit, Prompt, Sequence
+from plugd.runner.speculative import Speculator
 from plugd.runner_api import GrammarRefused, RunnerCachePolicy
 from plugd.tokenizer import Tokenizer
 
-# MLX keeps freed buffers for reuse; decoding hands them back every this many steps.
+# MLX keeps freed buffers for reuse; decoding hands them back every this many steps (a speculative round counting
+# as the positions it fed).
 RELEASE_BUFFERS_EVERY = 256
 
 Progress = Callable[[PrefillEvent], None]
@@ -88,20 +91,24 @@ class Engine:
 
     def __init__(self, model: nn.Module, tokenizer: Tokenizer, prefill_chunk: int = PREFILL_CHUNK,
                  cache_policy: Callable[[nn.Module], RunnerCachePolicy] = single_slot, one_at_a_time: bool = False,
-                 agree: Callable[[mx.array], mx.array] = lambda token: token, burst_chunks: int = 0):
+                 agree: Callable[[mx.array], mx.array] = lambda token: token, burst_chunks: int = 0,
+                 drafter: Drafter | None = None):
         """`one_at_a_time`: a completion is submitted only once the one before has ended (the daemon sends one
         at a time), so the one decoding needs no caches of its own: it decodes in the policy's. `agree` turns
         each token drawn into the one every rank of a group decodes (plugd.runner.group). `burst_chunks`: the
         most prompt positions, in prefill chunks, that a batch that has not begun decoding waits through for the
-        prompts queued with it."""
-        self.model = model
+        prompts queued with it. With a `drafter`, a row that decodes alone decodes speculatively
+        (plugd.runner.speculative); its caches ride with the model's."""
+        self.model = model if drafter is None else Drafted(model, drafter)
         self.tokenizer = tokenizer
         self.prefill_chunk = prefill_chunk
-        self.cache = cache_policy(model)
+        self.cache = cache_policy(self.model)
         self.agree = agree
         # Only the output's shape is read: MLX builds the graph without computing it.
         self.logits_width: int = model(mx.zeros((1, 1), mx.int32), cache=model.make_cache()).shape[-1]
-        self.batch = Batch(model, alone=one_at_a_time)
+        self.batch = Batch(self.model, alone=one_at_a_time)
+        self.speculator = None if drafter is None else Speculator(
+            self.model, self.logits_width, cost=drafter.weight_bytes / weight_bytes(model))
         self._waiting: deque[Sequence] = deque()
         self._prefilling: tuple[Sequence, Iterator[None]] | None = None
         self._returned: tuple[list[Any], list[int]] | None = None  # a finished row's caches, for the policy
@@ -242,17 +249,38 @@ class Engine:
 
     def _decode_step(self) -> None:
         rows = list(self.batch.rows)
+        steps = self._steps
+        self._steps += 1
         try:
-            self._decode(rows)
+            depth = self._draft_depth(rows)
+            if depth:
+                self._steps += self._speculate(rows[0], depth) - 1
+            else:
+                self._decode(rows)
         except Exception as exc:  # a forward pass failed: every row fails, and the batch's caches go
             for sequence in rows:
                 sequence.end(exc)
             if self.batch.alone:  # they were the policy's
                 self.cache.reset()
             self.batch.clear()
-        self._steps += 1
-        if self._steps % RELEASE_BUFFERS_EVERY == 0:
+        if self._steps // RELEASE_BUFFERS_EVERY != steps // RELEASE_BUFFERS_EVERY:
             mx.clear_cache()
+
+    def _draft_depth(self, rows: list[Sequence]) -> int:
+        """How many tokens to draft for the lone row, when it decodes alone and speculation pays; else 0."""
+        if self.speculator is None or len(rows) != 1:
+            return 0
+        (sequence,) = rows
+        if sequence.cancelled() or not sequence.more:
+            return 0
+        return self.speculator.depth(sequence)
+
+    def _speculate(self, sequence: Sequence, depth: int) -> int:
+        """One speculative round of the lone row (plugd.runner.speculative); the positions it fed."""
+        fed = self.speculator.round(sequence, self.batch.solo(), depth, self.tokenizer.eos_ids)
+        if sequence.ended:
+            self._leave([sequence])
+        return fed
 
     @staticmethod
     def _end_cancelled(rows: list[Sequence]) -> None:
@@ -303,6 +331,8 @@ class Engine:
     def _leave(self, leaving: list[Sequence]) -> None:
         """Take rows out of the batch; the last one's caches go back to the policy, once no prefill uses it."""
         for sequence, caches in self.batch.leave(leaving):
+            if self.speculator is not None:
+                self.speculator.forget(sequence)
             if not isinstance(sequence.outcome, Exception):
                 self._returned = (caches, sequence.held)
         if self._returned is not None and self._prefilling is None:

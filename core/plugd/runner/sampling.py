@@ -75,18 +75,53 @@ class Sampler:
         are those of the masked, penalised distribution, before the filters and
         the temperature: what the model, with penalties, thinks of each token.
         """
+        logprobs, scores = self._processed(logits, self._recent, allowed)
+        token = self.choose(scores)
+        self.advance(token[None])
+        return token, logprobs
+
+    def positions(self, logits: mx.array, following: mx.array) -> tuple[mx.array, mx.array]:
+        """For the logits of n positions in a row, (n, vocab), the first of which comes next and each later one
+        after one more token of `following` (n - 1 tokens, not yet drawn as far as this sampler knows): each
+        position's log-probabilities, as `__call__` gives them, and its scores (`choose`), both (n, vocab) and
+        lazy."""
+        scored = [self.scored(logits[i], following[:i]) for i in range(logits.shape[0])]
+        return mx.stack([logprobs for logprobs, _ in scored]), mx.stack([scores for _, scores in scored])
+
+    def scored(self, logits: mx.array, following: mx.array) -> tuple[mx.array, mx.array]:
+        """One position's log-probabilities and scores, (vocab,) each, lazy: the position after `following`, tokens
+        not yet drawn as far as this sampler knows."""
+        recent = self._recent
+        if self._window and following.size:
+            recent = mx.concatenate([recent, following.astype(mx.int32)])[-self._window :]
+        return self._processed(logits, recent, None)
+
+    def choose(self, scores: mx.array) -> mx.array:
+        """The token drawn from one position's scores: their argmax when greedy, else a draw from their softmax;
+        an int32 scalar, lazy."""
+        if self.params.greedy:
+            return mx.argmax(scores).astype(mx.int32)
+        return mx.random.categorical(scores, key=self.next_key()).astype(mx.int32)
+
+    def next_key(self) -> mx.array:
+        """A fresh random key from the generation's stream (seeded when the request names a seed)."""
+        self._key, key = mx.random.split(self._key)
+        return key
+
+    def advance(self, tokens: mx.array) -> None:
+        """The penalties count `tokens` (drawn elsewhere, as verifying drafted tokens does) from now on."""
+        if self._window:
+            self._recent = mx.concatenate([self._recent, tokens.astype(mx.int32)])[-self._window :]
+
+    def _processed(self, logits: mx.array, recent: mx.array, allowed: mx.array | None) -> tuple[mx.array, mx.array]:
+        """One position's log-probabilities and scores: its logits masked and penalised, then (unless greedy)
+        filtered and divided by the temperature."""
         logits = logits.astype(mx.float32)
         if allowed is not None:
             logits = mx.where(allowed, logits, NEGATIVE_INFINITY)
-        if self._window and self._recent.size:
-            logits = apply_penalties(logits, self._recent, self.params)
+        if self._window and recent.size:
+            logits = apply_penalties(logits, recent, self.params)
         logprobs = logits - mx.logsumexp(logits)
         if self.params.greedy:
-            token = mx.argmax(logits)
-        else:
-            self._key, step_key = mx.random.split(self._key)
-            token = mx.random.categorical(filter_logits(logits, self.params) / self.params.temperature, key=step_key)
-        token = token.astype(mx.int32)
-        if self._window:
-            self._recent = mx.concatenate([self._recent, token[None]])[-self._window :]
-        return token, logprobs
+            return logprobs, logits
+        return logprobs, filter_logits(logits, self.params) / self.params.temperature

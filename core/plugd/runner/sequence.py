@@ -21,6 +21,7 @@ from plugd.protocol import Completion, DoneEvent, PrefillEvent, RunnerEvent, Tok
 from plugd.runner.grammar import TokenMask
 from plugd.runner.sampling import NEGATIVE_INFINITY, Sampler
 from plugd.runner.stops import StopMatcher
+from plugd.runner.verification import verify
 from plugd.tokenizer import Detokenizer, Tokenizer
 
 # An event, or the exception that ended the sequence; None once it has ended.
@@ -134,9 +135,28 @@ class Sequence:
 
     def draw(self, logits: mx.array) -> PendingToken:
         """Start computing the token drawn from this row's `logits` (and its log-probabilities)."""
-        request = self.request
         token, distribution = self._sampler(logits, self._mask.allowed() if self._mask else None)
-        token = self._agree(token)
+        return self._pending(self._agree(token), distribution)
+
+    @property
+    def sampler(self) -> Sampler:
+        return self._sampler
+
+    def verified(self, logits: mx.array, drafted: mx.array, draft_scores: mx.array,
+                 ) -> tuple[mx.array, list[PendingToken], PendingToken]:
+        """Verify `drafted` (k,) tokens, drawn from `draft_scores` (k, vocab), against the target's `logits` for the
+        k + 1 positions from the one the first drafted token takes (plugd.runner.verification): how many are
+        kept (lazy), each drafted token as this row would emit it, and the token after the kept ones. Nothing
+        is drawn as far as the sampler knows until `kept` says how many (`advance`)."""
+        logprobs, scores = self._sampler.positions(logits, drafted)
+        greedy = self.request.sampling.greedy
+        kept, after = verify(scores, drafted, draft_scores, greedy, None if greedy else self._sampler.next_key())
+        candidates = [self._pending(drafted[i], logprobs[i]) for i in range(drafted.shape[0])]
+        return kept, candidates, self._pending(after, logprobs[kept])
+
+    def _pending(self, token: mx.array, distribution: mx.array) -> PendingToken:
+        """The pending token `token` was drawn from log-probabilities `distribution`; its arrays start computing."""
+        request = self.request
         chosen = distribution[token] if request.logprobs else None
         top_ids = top_logprobs = None
         top_n = min(request.top_logprobs if request.logprobs else 0, distribution.shape[-1])

@@ -1,0 +1,161 @@
+"""Speculative decoding: a lone decoding row emits several tokens a step.
+
+Each round the drafter (plugd.runner.drafting) proposes up to `depth` tokens
+after the row's pending one, and one forward pass of the target over the
+pending token and the drafted ones scores every position; the drafted tokens
+the target's own sampling would give are kept (plugd.runner.verification),
+and the target's token after them becomes the row's next pending one. The
+caches are then brought back to what was kept: trimmed, or, where a layer
+cannot trim (a recurrent state), restored to where the round began and fed
+the kept tokens again.
+
+A runner drafts for a row only while it decodes alone: with several rows,
+one batched forward pass already serves each of them for the cost of about
+one, and their drafts would make every step wait for the slowest row's. The
+depth adapts to each row's acceptance (`DraftDepth`), down to plain decoding
+when drafting would not pay.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+from plugd.runner.drafting import Drafted
+from plugd.runner.sequence import Sequence
+
+MAX_DEPTH = 8  # the most tokens drafted in one round
+# What drafting costs beyond the drafter's own steps, per drafted token, as a share of a plain decode step: the
+# target scores one more position in its verifying pass (about free where a step is bound by reading the weights).
+VERIFY_COST = 0.05
+PROBE_EVERY = 32  # while drafting does not pay, a round of depth 1 every this many tokens measures it again
+ACCEPTANCE_PRIOR = 0.6  # what a row's acceptance is taken to be before its first round
+ACCEPTANCE_WEIGHT = 0.3  # the weight of the latest round in a row's acceptance
+
+
+class DraftDepth:
+    """How many tokens to draft for one row: the depth that maximises the expected tokens per unit of work, from
+    the acceptance measured on this row's rounds (a per-token rate, as an exponential average) and what a drafted
+    token costs next to a plain step. It depends on nothing but the row's own rounds, so a seeded request drafts
+    (and so samples) the same way every time."""
+
+    def __init__(self, cost: float, limit: int = MAX_DEPTH):
+        self.cost, self.limit = cost, limit
+        self.acceptance = ACCEPTANCE_PRIOR
+        self._since_probe = 0
+
+    def choose(self, room: int) -> int:
+        """The depth of the next round, at most `room`; 0 for a plain decode step."""
+        best = max(range(self.limit + 1), key=self._gain)
+        if best == 0:
+            self._since_probe += 1
+            if self._since_probe >= PROBE_EVERY:
+                best = 1
+        return min(best, room)
+
+    def record(self, drafted: int, kept: int) -> None:
+        if drafted:
+            self._since_probe = 0
+            rate = min(kept / drafted, 0.999)
+            self.acceptance += ACCEPTANCE_WEIGHT * (rate - self.acceptance)
+
+    def _gain(self, depth: int) -> float:
+        """Expected tokens per round over its cost, in plain steps: a round emits 1 + a + ... + a^depth tokens."""
+        tokens = sum(self.acceptance**i for i in range(depth + 1))
+        return tokens / (1 + depth * (self.cost + VERIFY_COST))
+
+
+class Checkpoint:
+    """Where a list of caches stood before a speculative forward pass, to go back to once the kept tokens are
+    known: a layer that can trim back trims, one that cannot takes back a snapshot taken here."""
+
+    def __init__(self, layers: list[Any]):
+        self.offsets = [layer.offset for layer in layers]
+        self._saved = [None if layer.trimmable else layer.snapshot() for layer in layers]
+
+    def keep(self, layers: list[Any], positions: int) -> bool:
+        """Bring each layer to `positions` past the checkpoint. When a layer cannot, every layer goes back to the
+        checkpoint itself and False says that the kept positions must be fed again."""
+        if all(layer.trim_floor <= start + positions for layer, start in zip(layers, self.offsets, strict=True)):
+            for layer, start in zip(layers, self.offsets, strict=True):
+                layer.trim(layer.offset - start - positions)
+            return True
+        for layer, start, saved in zip(layers, self.offsets, self._saved, strict=True):
+            if layer.trimmable:
+                layer.trim(layer.offset - start)
+            else:
+                layer.restore(saved)
+        return False
+
+
+class Speculator:
+    """Runs speculative rounds for a lone row whose caches are single-sequence ones (plugd.nn.cache)."""
+
+    def __init__(self, model: Drafted, width: int, cost: float):
+        """`width`: the target's logits; `cost`: a drafted token's share of a plain step (the drafter's size over
+        the target's)."""
+        self.model, self.width, self.cost = model, width, cost
+        self._depths: dict[Sequence, DraftDepth] = {}
+        self.drafted = self.kept = 0  # tokens drafted and kept, over every round
+
+    def depth(self, sequence: Sequence) -> int:
+        """How many tokens to draft for `sequence` this step (0: decode it plainly): its `DraftDepth`, within what
+        its budget leaves after the pending token and the one after the drafted ones."""
+        room = sequence.budget - sequence.tally.eval_count - (1 if sequence.pending is None else 2)
+        if sequence.structured or room < 1:
+            return 0
+        return self._depths.setdefault(sequence, DraftDepth(self.cost)).choose(room)
+
+    def forget(self, sequence: Sequence) -> None:
+        self._depths.pop(sequence, None)
+
+    def round(self, sequence: Sequence, layers: list[Any], depth: int, eos_ids: frozenset[int]) -> int:
+        """One round of `depth` drafted tokens: the row's pending token (or its prompt's last) and the kept ones
+        fed, read and emitted, the token after them pending. Returns the positions fed."""
+        reading_first = sequence.pending is not None
+        first = sequence.feed()
+        start, drafts = Checkpoint(layers), self.model.drafts(layers)
+        drafted, draft_scores = self._draft(sequence, first, Checkpoint(drafts), drafts, depth)
+        fed = mx.concatenate([first, drafted])
+        kept, candidates, after = sequence.verified(self.model(fed[None], cache=layers)[0], drafted, draft_scores)
+        mx.async_eval(kept, after.token)
+        ended = reading_first and sequence.read(True, eos_ids)
+        count = 0 if ended else kept.item()
+        read = 0
+        while not ended and read < count:
+            sequence.pending = candidates[read]
+            read += 1
+            ended = sequence.read(True, eos_ids)
+        if not ended:
+            sequence.sampler.advance(mx.concatenate([drafted[:count], after.token[None]]))
+            sequence.pending = after
+        self._depths[sequence].record(depth, count)
+        self.drafted, self.kept = self.drafted + depth, self.kept + count
+        if not start.keep(layers, 1 + read):
+            self.model(fed[None, : 1 + read], cache=layers)
+        return 1 + read
+
+    def _draft(self, sequence: Sequence, first: mx.array, start: Checkpoint, layers: list[Any], depth: int,
+               ) -> tuple[mx.array, mx.array]:
+        """`depth` tokens drawn one after another from the drafter, after `first`, and the scores each was drawn
+        from (the row's sampling applied to the drafter's logits), lazy. The drafter's caches go back to `start`
+        after, since the verifying pass feeds it the same tokens."""
+        tokens, scores = [], []
+        token = first
+        for _ in range(depth):
+            logits = self._fit(self.model.drafter.propose(token, layers))
+            following = mx.concatenate(tokens) if tokens else mx.zeros((0,), mx.int32)
+            position = sequence.sampler.scored(logits, following)[1]
+            token = sequence.sampler.choose(position)[None]
+            tokens.append(token)
+            scores.append(position)
+        start.keep(layers, 0)
+        return mx.concatenate(tokens), mx.stack(scores)
+
+    def _fit(self, logits: mx.array) -> mx.array:
+        """The drafter's logits over the target's width: ids it lacks can never be drafted."""
+        if logits.shape[-1] >= self.width:
+            return logits[: self.width]
+        missing = mx.full((self.width - logits.shape[-1],), -mx.inf, logits.dtype)
+        return mx.concatenate([logits, missing])

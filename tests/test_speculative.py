@@ -1,0 +1,224 @@
+"""Speculative decoding in the engine (plugd.runner.speculative): drafted tokens never change the answer.
+
+A target of each cache family (KV, sliding window, recurrent) decodes with a
+small draft trained on the same transcripts (which agrees with it there and
+not elsewhere) and with an untrained one (which it mostly refuses): greedy
+output, log-probabilities, stops and budgets come out exactly as plain
+decoding gives them, while rows join and leave, and through the prefix
+cache's resumes. Sampled output is checked against the target's own
+distribution.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import mlx.core as mx
+import numpy as np
+import pytest
+from scipy import stats
+
+from plugd.protocol import Completion, SamplingParams, TokenEvent
+from plugd.runner.cache_policy import make_policy
+from plugd.runner.drafting import DraftModel
+from plugd.runner.generate import Engine
+from plugd.runner.loading import load_model
+from plugd.testing.architectures import architecture_module
+from plugd.testing.checkpoints import write_checkpoint
+from plugd.testing.decoding import GREEDY, LONG, MEDIUM, OTHER_LONG, SHORT, TRANSCRIPTS, Outcome, turn, words
+from plugd.testing.training import FAST_OVERRIDES, train_checkpoint
+from plugd.tokenizer import Tokenizer
+
+TARGETS = {
+    "qwen3": FAST_OVERRIDES,
+    "qwen3_next": {"num_hidden_layers": 2},
+    "nemotron_h": {"hybrid_override_pattern": "M*M-", "num_hidden_layers": 4},
+    "gemma3_text": {"num_hidden_layers": 2, "sliding_window_pattern": 2},
+}
+# A draft a fifth of FAST_OVERRIDES' qwen3 in weights, most of them its tied embedding.
+DRAFT = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 1,
+         "num_key_value_heads": 1, "head_dim": 32, "tie_word_embeddings": True}
+OFF_SCRIPT = turn(words(30, 11))  # a prompt neither model was trained on
+
+
+@attrs.define
+class Pair:
+    target: object
+    trained: DraftModel
+    untrained: DraftModel
+    tokenizer: Tokenizer
+
+    def engine(self, draft: DraftModel | None, **options) -> Engine:
+        return Engine(self.target, self.tokenizer, prefill_chunk=32, drafter=draft, cache_policy=lambda model:
+                      make_policy("plugd_prefix_cache.policy:prefix_cache", model), **options)
+
+    def request(self, prompt: str, **fields) -> Completion:
+        defaults = {"tokens": self.tokenizer.encode(prompt), "sampling": GREEDY, "num_predict": 40, "num_ctx": 512,
+                    "num_keep": 0, "stop": [], "logprobs": True, "top_logprobs": 3}
+        return Completion(**(defaults | fields))
+
+
+@pytest.fixture(scope="module")
+def drafts(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("drafts")
+    return {"trained": train_checkpoint(root / "trained", TRANSCRIPTS, overrides=DRAFT),
+            "untrained": write_checkpoint(root / "untrained", "qwen3", seed=3, overrides=DRAFT)}
+
+
+@pytest.fixture(scope="module", params=sorted(TARGETS))
+def pair(request, tmp_path_factory, drafts) -> Pair:
+    model_type = request.param
+    path = train_checkpoint(tmp_path_factory.mktemp(model_type) / "model", TRANSCRIPTS, model_type=model_type,
+                            overrides=TARGETS[model_type])
+    qwen3 = architecture_module("qwen3")
+    return Pair(load_model(path, architecture_module(model_type)), DraftModel(load_model(drafts["trained"], qwen3)),
+                DraftModel(load_model(drafts["untrained"], qwen3)), Tokenizer.from_dir(path))
+
+
+def complete(engine: Engine, request: Completion) -> Outcome:
+    return Outcome(list(engine.complete(request, lambda: False)))
+
+
+def same(outcome: Outcome, expected: Outcome) -> bool:
+    """The same tokens, texts and ending, and log-probabilities equal but for float32 rounding (a verifying pass
+    scores several positions in one product, a plain step one)."""
+    def facts(o: Outcome) -> list:
+        done = o.done
+        tokens = [(e.token, e.text, [t for t, _ in e.top_logprobs or []]) for e in o.events[:-1]]
+        return [*tokens, (done.done_reason, done.text, done.stop_sequence, done.eval_count)]
+
+    def logprobs(o: Outcome) -> np.ndarray:
+        return np.array([[e.logprob, *(lp for _, lp in e.top_logprobs or [])] for e in o.events[:-1]])
+
+    return facts(outcome) == facts(expected) and np.allclose(logprobs(outcome), logprobs(expected), atol=1e-4)
+
+
+def test_greedy_output_is_plain_decodings(pair):
+    prompts = [t.prompt for t in TRANSCRIPTS] + [OFF_SCRIPT]
+    for draft, name in ((pair.trained, "trained"), (pair.untrained, "untrained")):
+        engine = pair.engine(draft)
+        for prompt in prompts:
+            request = pair.request(prompt, sampling=SamplingParams(temperature=0.0))  # Ollama's repeat penalty on
+            assert same(complete(engine, request), complete(pair.engine(None), request)), (name, prompt)
+        kept, drafted = engine.speculator.kept, engine.speculator.drafted
+        assert drafted > 0
+        if name == "trained":
+            assert kept > 0.6 * drafted, (kept, drafted)
+
+
+def test_stops_and_budgets_end_inside_a_round(pair):
+    engine = pair.engine(pair.trained)
+    requests = [pair.request(LONG.prompt, stop=["quiet"]),  # a stop string part-way through the answer
+                pair.request(MEDIUM.prompt, num_predict=7),
+                pair.request(SHORT.prompt, num_predict=1),
+                pair.request(OTHER_LONG.prompt)]  # to the end of turn
+    for request in requests:
+        assert same(complete(engine, request), complete(pair.engine(None), request)), request.stop or request.num_predict
+
+
+def test_rows_join_and_leave_a_drafting_row(pair):
+    engine = pair.engine(pair.trained)
+    first, second = pair.request(LONG.prompt), pair.request(MEDIUM.prompt, num_predict=6)
+    outcomes = {"first": Outcome(), "second": Outcome()}
+    engine.submit(first, lambda e: e is None or outcomes["first"].events.append(e), lambda: False)
+    steps = 0
+    while not engine.idle:
+        if steps == 4:  # joins while the first drafts, and leaves before it ends: it drafts again alone
+            engine.submit(second, lambda e: e is None or outcomes["second"].events.append(e), lambda: False)
+        engine.step()
+        steps += 1
+    assert same(outcomes["first"], complete(pair.engine(None), first))
+    assert same(outcomes["second"], complete(pair.engine(None), second))
+
+
+def test_the_prefix_cache_resumes_the_draft_with_the_target(pair):
+    engine = pair.engine(pair.trained)
+    request = pair.request(LONG.prompt)
+    polls = iter(range(10**6))
+    cancelled = list(engine.complete(request, lambda: next(polls) >= 2))  # cancelled after its first chunks
+    assert cancelled[-1].done_reason == "cancel" and 0 < cancelled[-1].prompt_eval_count < len(request.tokens)
+    retried = complete(engine, request)
+    assert retried.done.prompt_eval_count <= len(request.tokens) - cancelled[-1].prompt_eval_count
+    assert same(retried, complete(pair.engine(None), request))
+    # The next turn resumes after the reply, the draft's caches with the target's.
+    answered = [*request.tokens, *retried.tokens, *pair.tokenizer.encode("<|im_end|>")]
+    follow_up = pair.request(SHORT.prompt, tokens=answered + pair.tokenizer.encode("\n" + SHORT.prompt))
+    resumed = complete(engine, follow_up)
+    assert resumed.done.prompt_eval_count <= len(follow_up.tokens) - len(request.tokens)
+    assert same(resumed, complete(pair.engine(None), follow_up))
+
+
+def test_a_seeded_request_samples_the_same_text_again(pair):
+    sampling = SamplingParams(temperature=3.0, top_k=0, top_p=1.0, seed=11)  # hot enough to leave the script
+    request = pair.request(OFF_SCRIPT, sampling=sampling, num_predict=24)
+    once = complete(pair.engine(pair.untrained), request)
+    assert same(complete(pair.engine(pair.untrained), request), once)
+    reseeded = attrs.evolve(request, sampling=attrs.evolve(sampling, seed=12))
+    assert not same(complete(pair.engine(pair.untrained), reseeded), once)
+
+
+SAMPLES = 1500
+SAMPLING = SamplingParams(temperature=0.7, top_k=0, top_p=1.0, repeat_penalty=1.0)
+
+
+def test_sampled_tokens_follow_the_targets_distribution(tmp_path):
+    """Each token a drafting engine samples follows the target's distribution (a chi-square test on the first two
+    tokens of many seeded samples), while the draft's own distribution fails the same test."""
+    qwen3 = architecture_module("qwen3")
+    target = load_model(write_checkpoint(tmp_path / "target", "qwen3", seed=1), qwen3)
+    draft = load_model(write_checkpoint(tmp_path / "draft", "qwen3", seed=2, overrides=DRAFT), qwen3)
+    tokenizer = Tokenizer.from_dir(tmp_path / "target")
+    prompt = tokenizer.encode(turn("hello"))
+    engine = Engine(target, tokenizer, drafter=DraftModel(draft))
+    samples = np.array([_padded([e.token for e in engine.complete(Completion(
+        tokens=prompt, sampling=attrs.evolve(SAMPLING, seed=seed), num_predict=2, num_ctx=64), lambda: False)
+        if isinstance(e, TokenEvent)], 2) for seed in range(SAMPLES)])
+    assert engine.speculator.drafted >= SAMPLES // 2 and 0 < engine.speculator.kept < engine.speculator.drafted
+    ends = sorted(tokenizer.eos_ids)
+    first, second = _distributions(target, prompt, ends)
+    assert _fits(samples[:, 0], first) > 1e-3
+    assert _fits(samples[samples[:, 0] != END, 1], second) > 1e-3
+    draft_first, _ = _distributions(draft, prompt, ends)
+    assert _fits(np.random.default_rng(0).choice(len(draft_first), SAMPLES, p=draft_first), first) < 1e-6
+
+
+END = -1  # a generation that ended (an end-of-sequence token, which is never emitted) in its place
+
+
+def _padded(tokens: list[int], length: int) -> list[int]:
+    return tokens + [END] * (length - len(tokens))
+
+
+def _distributions(model, prompt: list[int], ends: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The exact distributions of the first and second tokens sampled with SAMPLING after `prompt` (the second
+    where the first did not end the generation), every end-of-sequence token's share in the last bin (END)."""
+    first = _ending(_softmax(model(mx.array(prompt)[None])[0, -1]), ends)
+    likely = np.flatnonzero(first[:-1] > 1e-6)
+    continued = mx.array([[*prompt, int(token)] for token in likely])
+    second = (first[likely, None] * _ending(_softmax(model(continued)[:, -1]), ends)).sum(axis=0)
+    return first, second / second.sum()
+
+
+def _softmax(logits: mx.array) -> np.ndarray:
+    probabilities = np.array(mx.softmax(logits.astype(mx.float32) / SAMPLING.temperature, axis=-1), np.float64)
+    return probabilities / probabilities.sum(axis=-1, keepdims=True)
+
+
+def _ending(probabilities: np.ndarray, ends: list[int]) -> np.ndarray:
+    """`probabilities` with the end-of-sequence tokens' moved to a last entry (index END)."""
+    ended = probabilities[..., ends].sum(axis=-1, keepdims=True)
+    kept = probabilities.copy()
+    kept[..., ends] = 0
+    return np.concatenate([kept, ended], axis=-1)
+
+
+def _fits(samples: np.ndarray, distribution: np.ndarray) -> float:
+    """The chi-square test's p-value for `samples` drawn from `distribution`, tokens expected fewer than 5 times
+    pooled into one bin."""
+    expected = distribution * len(samples)
+    counts = np.bincount(samples % len(distribution), minlength=len(distribution))  # END counts in the last bin
+    common = expected >= 5
+    observed = np.append(counts[common], counts[~common].sum())
+    wanted = np.append(expected[common], expected[~common].sum())
+    return stats.chisquare(observed, wanted * observed.sum() / wanted.sum()).pvalue
