@@ -175,3 +175,17 @@ def test_other_unique_arrays_are_refused(engine, schema):
     assert unique_arrays(schema) is None
     with pytest.raises(GrammarRefused, match="uniqueItems"):
         engine.compile("json_schema", schema)
+
+
+def test_rolled_back_tokens_are_forgotten(engine):
+    """What speculative decoding undoes: the keys and items the rolled-back tokens wrote may be written again, and
+    the masks are those from before them."""
+    matcher = engine.compile("json_schema", OPEN_KEYS).matcher()
+    written(matcher, b'{"a": 1, ')
+    before = allowed(matcher)
+    written(matcher, b'"b": 2, "')
+    assert TOKENS.index(b'b"') not in allowed(matcher)
+    matcher.rollback(len(b'"b": 2, "'))
+    assert allowed(matcher) == before
+    written(matcher, b'"')
+    assert TOKENS.index(b'b"') in allowed(matcher) and TOKENS.index(b'a"') not in allowed(matcher)

@@ -11,6 +11,7 @@ distribution.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import attrs
@@ -19,14 +20,28 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from plugd.protocol import Completion, SamplingParams, TokenEvent
+from plugd import plugins
+from plugd.protocol import Completion, GrammarSpec, SamplingParams, TokenEvent
 from plugd.runner.cache_policy import make_policy
 from plugd.runner.drafting import DraftModel
 from plugd.runner.generate import Engine
+from plugd.runner.grammar import Grammars
 from plugd.runner.loading import load_model
+from plugd.runner_api import GrammarVocabulary
 from plugd.testing.architectures import architecture_module
 from plugd.testing.checkpoints import write_checkpoint
-from plugd.testing.decoding import GREEDY, LONG, MEDIUM, OTHER_LONG, SHORT, TRANSCRIPTS, Outcome, turn, words
+from plugd.testing.decoding import (
+    GREEDY,
+    LONG,
+    MEDIUM,
+    OTHER_LONG,
+    SHORT,
+    STRUCTURED,
+    TRANSCRIPTS,
+    Outcome,
+    turn,
+    words,
+)
 from plugd.testing.training import FAST_OVERRIDES, train_checkpoint
 from plugd.tokenizer import Tokenizer
 
@@ -48,6 +63,7 @@ class Pair:
     trained: DraftModel
     untrained: DraftModel
     tokenizer: Tokenizer
+    grammars: Grammars
 
     def engine(self, draft: DraftModel | None, **options) -> Engine:
         return Engine(self.target, self.tokenizer, prefill_chunk=32, drafter=draft, cache_policy=lambda model:
@@ -72,8 +88,11 @@ def pair(request, tmp_path_factory, drafts) -> Pair:
     path = train_checkpoint(tmp_path_factory.mktemp(model_type) / "model", TRANSCRIPTS, model_type=model_type,
                             overrides=TARGETS[model_type])
     qwen3 = architecture_module("qwen3")
-    return Pair(load_model(path, architecture_module(model_type)), DraftModel(load_model(drafts["trained"], qwen3)),
-                DraftModel(load_model(drafts["untrained"], qwen3)), Tokenizer.from_dir(path))
+    model, tokenizer = load_model(path, architecture_module(model_type)), Tokenizer.from_dir(path)
+    width = Engine(model, tokenizer).logits_width
+    engines = {engine.name: engine.factory for engine in plugins.load().items.get("plugd_grammar_engines", [])}
+    return Pair(model, DraftModel(load_model(drafts["trained"], qwen3)), DraftModel(load_model(drafts["untrained"], qwen3)),
+                tokenizer, Grammars(lambda: GrammarVocabulary.of(tokenizer, width), engines))
 
 
 def complete(engine: Engine, request: Completion) -> Outcome:
@@ -89,7 +108,7 @@ def same(outcome: Outcome, expected: Outcome) -> bool:
         return [*tokens, (done.done_reason, done.text, done.stop_sequence, done.eval_count)]
 
     def logprobs(o: Outcome) -> np.ndarray:
-        return np.array([[e.logprob, *(lp for _, lp in e.top_logprobs or [])] for e in o.events[:-1]])
+        return np.array([lp for e in o.events[:-1] for lp in [e.logprob, *(lp for _, lp in e.top_logprobs or [])]])
 
     return facts(outcome) == facts(expected) and np.allclose(logprobs(outcome), logprobs(expected), atol=1e-4)
 
@@ -115,6 +134,19 @@ def test_stops_and_budgets_end_inside_a_round(pair):
                 pair.request(OTHER_LONG.prompt)]  # to the end of turn
     for request in requests:
         assert same(complete(engine, request), complete(pair.engine(None), request)), request.stop or request.num_predict
+
+
+@pytest.mark.parametrize("grammar_engine", ["llguidance", "xgrammar"])
+def test_a_structured_request_drafts_under_its_grammar(pair, grammar_engine):
+    request = pair.request(STRUCTURED.prompt)
+    mask = pair.grammars.compile(GrammarSpec((grammar_engine,), "json", None)).result()
+    for draft in (pair.trained, pair.untrained):
+        engine = pair.engine(draft)
+        drafting = Outcome(list(engine.complete(request, lambda: False, mask)))
+        plain = Outcome(list(pair.engine(None).complete(request, lambda: False, mask)))
+        assert same(drafting, plain) and json.loads(drafting.text)
+        assert engine.speculator.drafted > 0
+    assert engine.speculator.kept < engine.speculator.drafted  # the untrained draft's guesses were refused
 
 
 def test_rows_join_and_leave_a_drafting_row(pair):

@@ -21,7 +21,9 @@ invalid is written.
 
 from __future__ import annotations
 
+import copy
 import json
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -30,6 +32,7 @@ from plugd.json_schema import subschemas, transformed
 from plugd.runner_api import GrammarDeadEnd, Matcher
 
 ITEMS = "*"  # an array's items, in a path of keys
+ROLLBACK_LIMIT = 16  # the most recent tokens a UniqueValues can roll back (speculative decoding drafts at most 8)
 _NUMBER = frozenset(b"0123456789+-.eE")  # the bytes a JSON number is written with
 _NUMBER_START = frozenset(b"-0123456789")
 
@@ -236,6 +239,7 @@ class UniqueValues:
     def __init__(self, inner: Matcher, index: TokenIndex, unique_arrays: frozenset[tuple[str, ...]]):
         self._inner, self._index = inner, index
         self._follower = _Follower(unique_arrays)
+        self._before: deque[_Follower] = deque(maxlen=ROLLBACK_LIMIT)  # the follower before each recent token
 
     def fill_mask(self, bitmask: np.ndarray) -> None:
         self._inner.fill_mask(bitmask)
@@ -254,8 +258,23 @@ class UniqueValues:
     def accept(self, token: int) -> bool:
         if not self._inner.accept(token):
             return False
+        self._before.append(copy.deepcopy(self._follower))
         self._follower.feed(self._index.token_bytes[token], trial=False)
         return True
+
+    @property
+    def rolls_back(self) -> bool:
+        return hasattr(self._inner, "rollback")
+
+    def rollback(self, count: int) -> None:
+        """Forget the last `count` tokens (at most ROLLBACK_LIMIT); only where the inner matcher can (`rolls_back`)."""
+        if count > len(self._before):
+            raise ValueError(f"cannot roll back {count} tokens, only {len(self._before)}")
+        if count:
+            self._inner.rollback(count)
+            for _ in range(count - 1):
+                self._before.pop()
+            self._follower = self._before.pop()
 
 
 def unique_arrays(schema: Any) -> frozenset[tuple[str, ...]] | None:

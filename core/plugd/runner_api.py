@@ -41,6 +41,8 @@ imports it; the runner calls it once per model with the model's `GrammarVocabula
         matcher.fill_mask(bitmask)                # bit t of bitmask[t // 32] set <=> token t may come next;
                                                   # stop ids only once the output is complete
         matcher.accept(token) -> bool             # False: the token breaks the grammar
+        matcher.rollback(count)                   # optional: forget the last `count` tokens accepted; a request
+                                                  # decoding speculatively drafts under its grammar only with it
 
 The bitmask is numpy int32, ceil(width / 32) words, little-endian bit order within each word. A JSON Schema
 engine can leave the format's checks and a cache of what it compiled to `SchemaCache`.
@@ -183,6 +185,8 @@ class Matcher(Protocol):
     def fill_mask(self, bitmask: np.ndarray) -> None: ...
 
     def accept(self, token: int) -> bool: ...
+
+    # Optional: def rollback(self, count: int) -> None
 
 
 class Compiled(Protocol):

@@ -100,6 +100,15 @@ class TokenMask:
     def active(self) -> bool:
         return self._waiting_for is None
 
+    @property
+    def rolls_back(self) -> bool:
+        """Whether `rollback` can undo tokens accepted while the grammar applies (the engine's matcher can)."""
+        return getattr(self._matcher, "rolls_back", hasattr(self._matcher, "rollback"))
+
+    def rollback(self, count: int) -> None:
+        """Forget the last `count` tokens accepted, all of them while the grammar applied."""
+        self._matcher.rollback(count)
+
     def allowed(self) -> mx.array:
         """The tokens the next step may choose (lazy), given every token accepted so far."""
         if not self.active:

@@ -80,21 +80,24 @@ class Sampler:
         self.advance(token[None])
         return token, logprobs
 
-    def positions(self, logits: mx.array, following: mx.array) -> tuple[mx.array, mx.array]:
+    def positions(self, logits: mx.array, following: mx.array, allowed: mx.array | None = None,
+                  ) -> tuple[mx.array, mx.array]:
         """For the logits of n positions in a row, (n, vocab), the first of which comes next and each later one
         after one more token of `following` (n - 1 tokens, not yet drawn as far as this sampler knows): each
         position's log-probabilities, as `__call__` gives them, and its scores (`choose`), both (n, vocab) and
-        lazy."""
-        scored = [self.scored(logits[i], following[:i]) for i in range(logits.shape[0])]
+        lazy. `allowed`: each position's grammar mask, (n, vocab)."""
+        scored = [self.scored(logits[i], following[:i], None if allowed is None else allowed[i])
+                  for i in range(logits.shape[0])]
         return mx.stack([logprobs for logprobs, _ in scored]), mx.stack([scores for _, scores in scored])
 
-    def scored(self, logits: mx.array, following: mx.array) -> tuple[mx.array, mx.array]:
+    def scored(self, logits: mx.array, following: mx.array, allowed: mx.array | None = None,
+               ) -> tuple[mx.array, mx.array]:
         """One position's log-probabilities and scores, (vocab,) each, lazy: the position after `following`, tokens
-        not yet drawn as far as this sampler knows."""
+        not yet drawn as far as this sampler knows; `allowed`, its grammar mask."""
         recent = self._recent
         if self._window and following.size:
             recent = mx.concatenate([recent, following.astype(mx.int32)])[-self._window :]
-        return self._processed(logits, recent, None)
+        return self._processed(logits, recent, allowed)
 
     def choose(self, scores: mx.array) -> mx.array:
         """The token drawn from one position's scores: their argmax when greedy, else a draw from their softmax;

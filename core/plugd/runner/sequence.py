@@ -120,6 +120,10 @@ class Sequence:
         return self._mask is not None
 
     @property
+    def mask(self) -> TokenMask | None:
+        return self._mask
+
+    @property
     def more(self) -> bool:
         """Whether the step after the pending token's may run: the budget has room past it."""
         return self.pending is None or self.tally.eval_count + 1 < self.budget
@@ -142,13 +146,14 @@ class Sequence:
     def sampler(self) -> Sampler:
         return self._sampler
 
-    def verified(self, logits: mx.array, drafted: mx.array, draft_scores: mx.array,
+    def verified(self, logits: mx.array, drafted: mx.array, draft_scores: mx.array, allowed: mx.array | None = None,
                  ) -> tuple[mx.array, list[PendingToken], PendingToken]:
         """Verify `drafted` (k,) tokens, drawn from `draft_scores` (k, vocab), against the target's `logits` for the
         k + 1 positions from the one the first drafted token takes (plugd.runner.verification): how many are
         kept (lazy), each drafted token as this row would emit it, and the token after the kept ones. Nothing
-        is drawn as far as the sampler knows until `kept` says how many (`advance`)."""
-        logprobs, scores = self._sampler.positions(logits, drafted)
+        is drawn as far as the sampler knows until `kept` says how many (`advance`). `allowed`: each position's
+        grammar mask, (k + 1, vocab)."""
+        logprobs, scores = self._sampler.positions(logits, drafted, allowed)
         greedy = self.request.sampling.greedy
         kept, after = verify(scores, drafted, draft_scores, greedy, None if greedy else self._sampler.next_key())
         candidates = [self._pending(drafted[i], logprobs[i]) for i in range(drafted.shape[0])]

@@ -103,7 +103,8 @@ class Speculator:
         """How many tokens to draft for `sequence` this step (0: decode it plainly): its `DraftDepth`, within what
         its budget leaves after the pending token and the one after the drafted ones."""
         room = sequence.budget - sequence.tally.eval_count - (1 if sequence.pending is None else 2)
-        if sequence.structured or room < 1:
+        mask = sequence.mask
+        if room < 1 or mask is not None and not (mask.active and mask.rolls_back):
             return 0
         return self._depths.setdefault(sequence, DraftDepth(self.cost)).choose(room)
 
@@ -111,16 +112,24 @@ class Speculator:
         self._depths.pop(sequence, None)
 
     def round(self, sequence: Sequence, layers: list[Any], depth: int, eos_ids: frozenset[int]) -> int:
-        """One round of `depth` drafted tokens: the row's pending token (or its prompt's last) and the kept ones
-        fed, read and emitted, the token after them pending. Returns the positions fed."""
+        """One round of at most `depth` drafted tokens: the row's pending token (or its prompt's last) and the
+        kept ones fed, read and emitted, the token after them pending. Returns the positions fed.
+
+        A structured row reads its pending token first, since its grammar must accept it before drafting goes
+        on; the drafts are accepted as they are drawn, so each is drawn under the mask it would be decoded with,
+        and rolled back before the kept ones are read."""
         reading_first = sequence.pending is not None
         first = sequence.feed()
+        if sequence.structured and reading_first and sequence.read(True, eos_ids):
+            self.model(first[None], cache=layers)
+            return 1
         start, drafts = Checkpoint(layers), self.model.drafts(layers)
-        drafted, draft_scores = self._draft(sequence, first, Checkpoint(drafts), drafts, depth)
+        drafted, draft_scores, allowed = self._draft(sequence, first, Checkpoint(drafts), drafts, depth, eos_ids)
         fed = mx.concatenate([first, drafted])
-        kept, candidates, after = sequence.verified(self.model(fed[None], cache=layers)[0], drafted, draft_scores)
+        kept, candidates, after = sequence.verified(self.model(fed[None], cache=layers)[0], drafted, draft_scores,
+                                                    allowed)
         mx.async_eval(kept, after.token)
-        ended = reading_first and sequence.read(True, eos_ids)
+        ended = reading_first and not sequence.structured and sequence.read(True, eos_ids)
         count = 0 if ended else kept.item()
         read = 0
         while not ended and read < count:
@@ -130,28 +139,39 @@ class Speculator:
         if not ended:
             sequence.sampler.advance(mx.concatenate([drafted[:count], after.token[None]]))
             sequence.pending = after
-        self._depths[sequence].record(depth, count)
-        self.drafted, self.kept = self.drafted + depth, self.kept + count
+        self._depths[sequence].record(drafted.shape[0], count)
+        self.drafted, self.kept = self.drafted + drafted.shape[0], self.kept + count
         if not start.keep(layers, 1 + read):
             self.model(fed[None, : 1 + read], cache=layers)
         return 1 + read
 
     def _draft(self, sequence: Sequence, first: mx.array, start: Checkpoint, layers: list[Any], depth: int,
-               ) -> tuple[mx.array, mx.array]:
-        """`depth` tokens drawn one after another from the drafter, after `first`, and the scores each was drawn
-        from (the row's sampling applied to the drafter's logits), lazy. The drafter's caches go back to `start`
-        after, since the verifying pass feeds it the same tokens."""
-        tokens, scores = [], []
+               eos_ids: frozenset[int]) -> tuple[mx.array, mx.array, mx.array | None]:
+        """Up to `depth` tokens drawn one after another from the drafter after `first`, the scores each was drawn
+        from (the row's sampling applied to the drafter's logits), lazy, and under a grammar each position's mask,
+        that of the position after the last drafted one included (fewer tokens where a stop token was drawn). The
+        drafter's caches go back to `start` after, since the verifying pass feeds it the same tokens."""
+        mask = sequence.mask
+        tokens, scores, masks = [], [], []
         token = first
         for _ in range(depth):
+            allowed = None if mask is None else mask.allowed()
             logits = self._fit(self.model.drafter.propose(token, layers))
             following = mx.concatenate(tokens) if tokens else mx.zeros((0,), mx.int32)
-            position = sequence.sampler.scored(logits, following)[1]
+            position = sequence.sampler.scored(logits, following, allowed)[1]
             token = sequence.sampler.choose(position)[None]
             tokens.append(token)
             scores.append(position)
+            masks.append(allowed)
+            if mask is not None:
+                mask.accept(token.item(), "")
+                if token.item() in eos_ids:  # nothing follows the end of the structure
+                    break
+        if mask is not None:
+            masks.append(masks[-1] if token.item() in eos_ids else mask.allowed())
+            mask.rollback(len(tokens))
         start.keep(layers, 0)
-        return mx.concatenate(tokens), mx.stack(scores)
+        return mx.concatenate(tokens), mx.stack(scores), None if mask is None else mx.stack(masks)
 
     def _fit(self, logits: mx.array) -> mx.array:
         """The drafter's logits over the target's width: ids it lacks can never be drafted."""

@@ -81,6 +81,10 @@ class LLGuidanceMatcher:
     def accept(self, token: int) -> bool:
         return self._matcher.consume_token(token) and not self._matcher.is_error()
 
+    def rollback(self, count: int) -> None:
+        if not self._matcher.rollback(count):
+            raise RuntimeError(f"llguidance: {self._matcher.get_error()}")
+
 
 class LLGuidanceCompiled:
     def __init__(self, tokenizer: llg.LLTokenizer, grammar: str, quotes: TokenIndex, unique: frozenset):

@@ -37,6 +37,9 @@ class XGrammarMatcher:
     def accept(self, token: int) -> bool:
         return self._matcher.accept_token(token)
 
+    def rollback(self, count: int) -> None:
+        self._matcher.rollback(count)
+
 
 class XGrammarCompiled:
     def __init__(self, compiled: xgr.CompiledGrammar, quotes: TokenIndex, unique: frozenset):
