@@ -52,7 +52,7 @@ class CreateRequest:
 
 
 @define
-class _Draft:
+class _Parts:
     """What the new model will be made of, before it is written."""
 
     files: dict[str, Layer]
@@ -69,7 +69,7 @@ def _check_file_name(name: str) -> None:
                           "directory, or of a sentence-transformers module's config.json or model.safetensors")
 
 
-def _draft_from_files(store: Store, files: dict[str, str]) -> _Draft:
+def _parts_from_files(store: Store, files: dict[str, str]) -> _Parts:
     layers = {}
     for name, digest in files.items():
         _check_file_name(name)
@@ -80,23 +80,23 @@ def _draft_from_files(store: Store, files: dict[str, str]) -> _Draft:
         if not present:
             raise CreateError(f"blob {digest} for file {name} is not in the store; upload it with POST /api/blobs/{digest}")
         layers[name] = Layer(mt.MODEL_FILE, digest, store.blobs.size(digest), name)
-    return _Draft(files=layers, extra={})
+    return _Parts(files=layers, extra={})
 
 
-def _draft_from_model(store: Store, registry: Registry, source: str) -> _Draft:
+def _parts_from_model(store: Store, registry: Registry, source: str) -> _Parts:
     base = store.get(ModelName.parse(source))
     files = base.manifest.files()  # an Ollama-format base keeps its tensor and JSON layers as they are
     extra = {layer.media_type: layer for layer in base.manifest.layers if layer not in files.values()}
     config = config_view(store, base, registry)  # Ollama's renderer and parser names mapped onto installed plugins
     config["capabilities"] = [c for c in config.get("capabilities") or [] if c in CAPABILITIES]
-    return _Draft(files=files, extra=extra, base_config=config)
+    return _Parts(files=files, extra=extra, base_config=config)
 
 
-def _tensors(store: Store, draft: _Draft) -> dict[str, dict[str, Any]]:
-    weight_files = {n: layer for n, layer in draft.files.items() if is_weights(n)}
+def _tensors(store: Store, parts: _Parts) -> dict[str, dict[str, Any]]:
+    weight_files = {n: layer for n, layer in parts.files.items() if is_weights(n)}
     if not weight_files:
         raise CreateError("the model has no .safetensors weights")
-    index = read_json(store, draft.files, "model.safetensors.index.json")
+    index = read_json(store, parts.files, "model.safetensors.index.json")
     if missing := set(index.get("weight_map", {}).values()) - set(weight_files):
         raise CreateError(f"model.safetensors.index.json names weight files that were not given: {sorted(missing)}")
     tensors: dict[str, dict[str, Any]] = {}
@@ -127,18 +127,18 @@ def _architecture(registry: Registry, config: dict[str, Any]) -> Architecture:
     return installed[model_type]
 
 
-def _quantized(store: Store, architecture: Architecture, draft: _Draft, config: dict[str, Any], level: str,
+def _quantized(store: Store, architecture: Architecture, parts: _Parts, config: dict[str, Any], level: str,
                status: Callable[[str], None]) -> tuple[dict[str, Layer], dict[str, Any], dict[str, dict[str, Any]]]:
-    """Replace the draft's float weights with quantized ones; returns its new files, config and tensors."""
+    """Replace the float weights of `parts` with quantized ones; returns its new files, config and tensors."""
     try:
         bits = bits_for(level)
         if quantization(config):
             raise QuantizeError("the model is already quantized")
-        status(f"quantizing {file_type(_tensors(store, draft), config)} model to {level.upper()}")
-        files = quantize_files(store, draft.files, architecture.module, bits)
+        status(f"quantizing {file_type(_tensors(store, parts), config)} model to {level.upper()}")
+        files = quantize_files(store, parts.files, architecture.module, bits)
     except QuantizeError as exc:
         raise CreateError(str(exc)) from None
-    quantized = _Draft(files=files, extra=draft.extra)
+    quantized = _Parts(files=files, extra=parts.extra)
     return files, read_json(store, files, "config.json", required=True), _tensors(store, quantized)
 
 
@@ -181,9 +181,9 @@ def _parameters(requested: dict[str, Any], base: dict[str, Any]) -> dict[str, An
     return merged
 
 
-def _text_layers(store: Store, req: CreateRequest, draft: _Draft, params: dict[str, Any]) -> dict[str, Layer]:
+def _text_layers(store: Store, req: CreateRequest, parts: _Parts, params: dict[str, Any]) -> dict[str, Layer]:
     """Template, system, parameters, messages and license layers: the request's, else inherited."""
-    layers = dict(draft.extra)
+    layers = dict(parts.extra)
     licenses = [req.license] if isinstance(req.license, str) else req.license
     values = {
         mt.TEMPLATE: req.template,
@@ -207,40 +207,40 @@ def create_model(store: Store, registry: Registry, req: CreateRequest, status: C
     another keeps that one's."""
     name = ModelName.parse(req.model)
     if req.files:
-        draft = _draft_from_files(store, req.files)
+        parts = _parts_from_files(store, req.files)
     elif req.from_:
-        draft = _draft_from_model(store, registry, req.from_)
+        parts = _parts_from_model(store, registry, req.from_)
     else:
         raise CreateError("neither 'from' nor 'files' was specified")
     status("parsing model files")
     try:
-        config = read_json(store, draft.files, "config.json", required=True)
-        tokenizer_config = read_json(store, draft.files, "tokenizer_config.json")
+        config = read_json(store, parts.files, "config.json", required=True)
+        tokenizer_config = read_json(store, parts.files, "tokenizer_config.json")
         if req.template is not None:
             check_template(req.template)
-        template = req.template if req.template is not None else chat_template(store, draft.files)
-        tensors = _tensors(store, draft)
-        layout = read_layout(lambda file: _any_json(store, draft.files, file))
+        template = req.template if req.template is not None else chat_template(store, parts.files)
+        tensors = _tensors(store, parts)
+        layout = read_layout(lambda file: _any_json(store, parts.files, file))
     except ValueError as exc:  # LayoutError included
         raise CreateError(str(exc)) from None
     architecture = _architecture(registry, config)
     if req.quantize and layout is not None:
         raise CreateError("quantizing an embedding model (a sentence-transformers layout) is not supported")
     if req.quantize:
-        draft.files, config, tensors = _quantized(store, architecture, draft, config, req.quantize, status)
+        parts.files, config, tensors = _quantized(store, architecture, parts, config, req.quantize, status)
     model_files = ModelFiles(config=config, chat_template=template, tokenizer_config=tokenizer_config)
 
-    base = draft.base_config
+    base = parts.base_config
     capabilities = req.capabilities
     if capabilities is None:
         capabilities = base.get("capabilities") or (
             ["embedding"] if layout is not None else infer_capabilities(template, architecture, tensors))
     if unknown := set(capabilities) - set(CAPABILITIES):
         raise CreateError(f"unknown capabilities {sorted(unknown)}; known: {', '.join(CAPABILITIES)}")
-    params_layer = draft.extra.get(mt.PARAMS)
+    params_layer = parts.extra.get(mt.PARAMS)
     base_params = json.loads(store.text_blob(params_layer.digest)) if params_layer else {}
-    layers = list(sorted(draft.files.values(), key=lambda layer: layer.name or ""))
-    layers += _text_layers(store, req, draft, _parameters(req.parameters, base_params)).values()
+    layers = list(sorted(parts.files.values(), key=lambda layer: layer.name or ""))
+    layers += _text_layers(store, req, parts, _parameters(req.parameters, base_params)).values()
     for layer in layers:
         status(f"using layer {layer.digest}")
 
