@@ -29,7 +29,7 @@ from PIL import Image
 
 from plugd.nn.linear import Linear
 from plugd.nn.media import place_media
-from plugd.nn.mtp import Drafter
+from plugd.nn.mtp import MTPDrafter
 from plugd.nn.sharding import split_outputs
 from plugd_qwen import qwen3_5_processor, qwen3_next
 from plugd_qwen.config import ImageSettings
@@ -138,7 +138,7 @@ class Model(nn.Module):
         positions.advance(tokens.shape[1], lags)
         return out
 
-    def drafter(self) -> Drafter | None:
+    def drafter(self) -> MTPDrafter | None:
         """The language model's multi-token-prediction head as a drafter; None where the checkpoint has none."""
         return self.language_model.drafter()
 

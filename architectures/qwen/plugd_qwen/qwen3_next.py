@@ -35,7 +35,7 @@ from plugd.nn.decoder import LanguageModel
 from plugd.nn.gated_delta import gated_delta, gates, normalize_qk
 from plugd.nn.linear import Linear
 from plugd.nn.mlp import GatedMLP
-from plugd.nn.mtp import Drafter, HeadDrafter
+from plugd.nn.mtp import HeadDrafter, MTPDrafter
 from plugd.nn.norms import RMSNorm
 from plugd.nn.recurrent import RecurrentCache
 from plugd.nn.rope import RoPE
@@ -316,7 +316,7 @@ class Model(LanguageModel):
         hidden = self.model(tokens, cache if cache is not None else [None] * self.args.num_hidden_layers)
         return (self.logits(hidden), hidden) if return_hidden else self.logits(hidden)
 
-    def drafter(self) -> Drafter | None:
+    def drafter(self) -> MTPDrafter | None:
         """The checkpoint's multi-token-prediction head as a drafter (plugd.nn.mtp); None without one."""
         return HeadDrafter(self.mtp, self.model.embed_tokens, self.logits) if "mtp" in self else None
 

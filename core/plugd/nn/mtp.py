@@ -5,9 +5,9 @@ An architecture whose checkpoints may carry one gives its Model
 
 - `model(tokens, cache, ..., return_hidden=True) -> (logits, hidden)`: `hidden` (batch, length, hidden size) the
   final hidden states the logits are computed from; without `return_hidden`, the call is unchanged;
-- `model.drafter() -> Drafter | None`: the head, None when the checkpoint has none.
+- `model.drafter() -> MTPDrafter | None`: the head, None when the checkpoint has none.
 
-A Drafter takes the model's hidden states at positions t and the tokens at t + 1 and returns the logits for the
+An MTPDrafter takes the model's hidden states at positions t and the tokens at t + 1 and returns the logits for the
 tokens at t + 2, and its own hidden states, which it takes back in place of the model's to draft further. Its
 `make_cache()` list (a KVCache per layer: plugd.nn.cache, so batching and the prefix cache keep it) advances one
 position per pair, so it is level with the model's when the engine runs it over each prompt chunk's hidden states
@@ -24,6 +24,11 @@ Drafts past the first pair the head's own hidden state with its own draft. Once 
 computed its hidden states for them), the drafter's cache goes back to where the drafting began (`trim`) and the
 drafter runs over the model's hidden states of the accepted positions, as over a prompt chunk, which also drafts
 the next first token.
+
+Fed as a draft model is, chunk by chunk with the tokens the model was fed, the head pairs each call's first token
+with the model's last hidden state of the call before (kept from it), then each hidden state with the token after
+it, so its cache runs one position behind the model's; asked for the token after one more, it pairs the last
+hidden state it kept with that token.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from attrs import frozen
 from plugd.nn.cache import KVCache
 
 
-class Drafter(Protocol):
+class MTPDrafter(Protocol):
     def __call__(self, hidden: mx.array, tokens: mx.array, cache: list[Any] | None = None,
                  position: int | mx.array | None = None) -> tuple[mx.array, mx.array]:
         """(logits for the tokens at t + 2, hidden states) from the hidden states at positions t and the token ids
@@ -50,7 +55,7 @@ class Drafter(Protocol):
 
 @frozen
 class HeadDrafter:
-    """A Drafter from a head module (`head(hidden, embedded, cache, position) -> hidden`, `head.make_cache()`) and
+    """An MTPDrafter from a head module (`head(hidden, embedded, cache, position) -> hidden`, `head.make_cache()`) and
     the model's own embedding and output head, which the head shares."""
 
     head: nn.Module
@@ -66,7 +71,7 @@ class HeadDrafter:
         return self.head.make_cache()
 
 
-def drafter(model: nn.Module) -> Drafter | None:
+def drafter(model: nn.Module) -> MTPDrafter | None:
     """The model's own multi-token-prediction drafter; None when its architecture or checkpoint has none."""
     make = getattr(model, "drafter", None)
     return make() if make is not None else None
