@@ -15,6 +15,7 @@ def error(text: str, filename: str = "Modelfile") -> str:
 def test_every_command():
     mf = parse_modelfile(
         "FROM ./models/llama\n"
+        "DRAFT qwen3:0.6b\n"
         "PARAMETER temperature 0.5\n"
         "SYSTEM You are terse.\n"
         "TEMPLATE {{ .Prompt }}\n"
@@ -26,6 +27,7 @@ def test_every_command():
     )
     assert mf == Modelfile(
         from_="./models/llama",
+        draft="qwen3:0.6b",
         parameters={"temperature": 0.5},
         system="You are terse.",
         template="{{ .Prompt }}",
@@ -39,7 +41,7 @@ def test_every_command():
 def test_only_from_gives_defaults():
     mf = parse_modelfile("FROM llama3.2:1b")
     assert mf == Modelfile(from_="llama3.2:1b")
-    assert (mf.parameters, mf.system, mf.template, mf.renderer, mf.parser) == ({}, None, None, None, None)
+    assert (mf.parameters, mf.system, mf.template, mf.renderer, mf.parser, mf.draft) == ({}, None, None, None, None, None)
     assert (mf.messages, mf.license) == ([], [])
 
 
@@ -193,6 +195,10 @@ def test_second_from_is_an_error_at_its_line():
     assert error("FROM a\nSYSTEM s\nfrom b\n") == "Modelfile:3: second FROM line (the first is line 1)"
 
 
+def test_second_draft_is_an_error_at_its_line():
+    assert error("FROM a\nDRAFT ./small\ndraft tiny\n") == "Modelfile:3: second DRAFT line (the first is line 2)"
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -200,6 +206,7 @@ def test_second_from_is_an_error_at_its_line():
         ("FROM b\nSYSTEM   \n", "Modelfile:2: SYSTEM needs an argument"),
         ("FROM b\n\ntemplate\n", "Modelfile:3: TEMPLATE needs an argument"),
         ("FROM b\nRENDERER\n", "Modelfile:2: RENDERER needs an argument"),
+        ("FROM b\nDRAFT\n", "Modelfile:2: DRAFT needs an argument"),
         ("FROM b\nPARSER\n", "Modelfile:2: PARSER needs an argument"),
         ("FROM b\nLICENSE\n", "Modelfile:2: LICENSE needs an argument"),
         ("FROM b\nPARAMETER\n", "Modelfile:2: PARAMETER needs a name and a value"),

@@ -146,12 +146,26 @@ def upload_model_dir(client: DaemonClient, directory: Path) -> dict[str, str]:
     return files
 
 
+def _source(client: DaemonClient, given: str, folder: Path, where: str, what: str) -> tuple[str, Any]:
+    """(`files`, their blobs) for a model directory, uploaded; (`from`, the name) for a model in the store. `given`
+    is a directory (relative to `folder`) when one is there or it is written as a path."""
+    directory = folder / Path(given).expanduser()
+    if directory.is_dir():
+        return "files", upload_model_dir(client, directory)
+    if given.startswith(("/", "./", "../", "~")):
+        raise DaemonError(f"{where}{what} {given}: no such directory")
+    return "from", given
+
+
 def create_request(args: argparse.Namespace, client: DaemonClient) -> dict[str, Any]:
     request: dict[str, Any] = {"model": args.model, "stream": True}
     if args.capabilities:
         request["capabilities"] = args.capabilities.split(",")
     if args.quantize:
         request["quantize"] = args.quantize
+    if args.draft:
+        kind, value = _source(client, args.draft, Path.cwd(), "", "--draft")
+        request["draft_files" if kind == "files" else "draft"] = value
     if args.from_dir:
         request["files"] = upload_model_dir(client, Path(args.from_dir))
         return request
@@ -161,13 +175,11 @@ def create_request(args: argparse.Namespace, client: DaemonClient) -> dict[str, 
     except OSError as exc:
         raise DaemonError(f"cannot read {path}: {exc.strerror}; give --from DIR or -f Modelfile") from None
     mf = parse_modelfile(text, str(path))
-    source = path.parent / Path(mf.from_).expanduser()
-    if source.is_dir():
-        request["files"] = upload_model_dir(client, source)
-    elif mf.from_.startswith(("/", "./", "../", "~")):
-        raise DaemonError(f"{path}: FROM {mf.from_}: no such directory")
-    else:
-        request["from"] = mf.from_
+    kind, value = _source(client, mf.from_, path.parent, f"{path}: ", "FROM")
+    request[kind] = value
+    if mf.draft and not args.draft:
+        kind, value = _source(client, mf.draft, path.parent, f"{path}: ", "DRAFT")
+        request["draft_files" if kind == "files" else "draft"] = value
     fields = {"system": mf.system, "template": mf.template, "renderer": mf.renderer, "parser": mf.parser}
     request |= {k: v for k, v in fields.items() if v is not None}
     if mf.parameters:
@@ -291,6 +303,8 @@ def parser() -> argparse.ArgumentParser:
     source.add_argument("--from", dest="from_dir", metavar="DIR", help="a Hugging Face safetensors model directory")
     source.add_argument("-f", "--file", metavar="MODELFILE", help="a Modelfile (default: ./Modelfile)")
     p.add_argument("--capabilities", help="comma-separated, overriding the inferred ones")
+    p.add_argument("--draft", metavar="MODEL_OR_DIR",
+                   help="a draft model for speculative decoding, sharing the model's vocabulary: a model or a directory")
     p.add_argument("-q", "--quantize", metavar="LEVEL", type=quantize_level,
                    help=f"quantize a float model: {' or '.join(QUANTIZE_LEVELS)} (MLX affine)")
 

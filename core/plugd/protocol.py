@@ -51,6 +51,7 @@ class RunnerConfig:
     embedding: EmbeddingLayout | None = None  # an embedding model's pipeline: the runner embeds, and generates not
     num_parallel: int = 1  # the completions the daemon sends at once, which decode together
     group: GroupLayout | None = None  # served by a group of ranks, not one process
+    draft_module: str | None = None  # the model's draft's architecture module (plugd.runner.draft), where it has one
 
     def to_json(self) -> str:
         return json.dumps(converter.unstructure(self))

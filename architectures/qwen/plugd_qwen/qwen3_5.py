@@ -10,7 +10,8 @@ prompt holds an image as one "<|image_pad|>" per merged patch
 grid replaces, and full attention rotates by multimodal positions
 (plugd_qwen.positions), kept per sequence by the cache list's last entry.
 A checkpoint without the tower (as mlx-lm's text conversions are) runs text
-only.
+only. Its multi-token-prediction head (`mtp.*`, top level) is Qwen3-Next's, the
+model's drafter (plugd.nn.mtp), rotating by the multimodal positions too.
 
 Parameter names follow MLX-converted checkpoints (`language_model.model.layers...`,
 `language_model.lm_head`, `vision_tower.`), so those load as they are.
@@ -28,6 +29,7 @@ from PIL import Image
 
 from plugd.nn.linear import Linear
 from plugd.nn.media import place_media
+from plugd.nn.mtp import MTPDrafter
 from plugd.nn.sharding import split_outputs
 from plugd_qwen import qwen3_5_processor, qwen3_next
 from plugd_qwen.config import ImageSettings
@@ -97,13 +99,15 @@ class TextModel(qwen3_next.Model):
     attention = GatedAttention
 
     def __call__(self, tokens: mx.array, cache: list[qwen3_next.Cache] | None = None,
-                 position: int | mx.array | None = None, media: Sequence[tuple[int, mx.array]] = ()) -> mx.array:
+                 position: int | mx.array | None = None, media: Sequence[tuple[int, mx.array]] = (),
+                 return_hidden: bool = False) -> mx.array | tuple[mx.array, mx.array]:
         """Logits of `tokens`, `media` embeddings written over theirs; `position`: what full attention's rotary
-        embedding takes (plugd_qwen.positions.MRoPE)."""
+        embedding takes (plugd_qwen.positions.MRoPE); with `return_hidden`, (logits, final hidden states)."""
         h = place_media(self.model.embed_tokens(tokens), media)
         for layer, layer_cache in zip(self.model.layers, cache or [None] * len(self.model.layers), strict=True):
             h = layer(h, layer_cache, position)
-        return self.logits(self.model.norm(h))
+        hidden = self.model.norm(h)
+        return (self.logits(hidden), hidden) if return_hidden else self.logits(hidden)
 
 
 class Model(nn.Module):
@@ -114,10 +118,11 @@ class Model(nn.Module):
         if args.vision is not None:
             self.vision_tower = VisionModel(args.vision)
 
-    def __call__(self, tokens: mx.array, cache: list | None = None, media: Sequence[tuple[int, mx.array]] = ()
-                 ) -> mx.array:
-        """(batch, length) token ids -> logits; each `media` item (start, (rows, columns, hidden) grid) replaces
-        the embeddings from `start` on (one sequence only). The cache's last entry is the positions'."""
+    def __call__(self, tokens: mx.array, cache: list | None = None, media: Sequence[tuple[int, mx.array]] = (),
+                 return_hidden: bool = False) -> mx.array | tuple[mx.array, mx.array]:
+        """(batch, length) token ids -> logits (with `return_hidden`, and the final hidden states); each `media`
+        item (start, (rows, columns, hidden) grid) replaces the embeddings from `start` on (one sequence only). The
+        cache's last entry is the positions'."""
         if cache is None:
             layers, positions = None, PositionCache()
         else:
@@ -129,9 +134,13 @@ class Model(nn.Module):
             position, lags = chunk_positions(positions.position, tokens.shape[1], images)
         else:
             position, lags = positions.position, ()
-        logits = self.language_model(tokens, layers, position, media)
+        out = self.language_model(tokens, layers, position, media, return_hidden)
         positions.advance(tokens.shape[1], lags)
-        return logits
+        return out
+
+    def drafter(self) -> MTPDrafter | None:
+        """The language model's multi-token-prediction head as a drafter; None where the checkpoint has none."""
+        return self.language_model.drafter()
 
     def shard(self, group: mx.distributed.Group) -> None:
         """The language model's blocks split as Qwen3-Next's; the vision tower stays whole on every rank."""
@@ -154,9 +163,9 @@ class Model(nn.Module):
         return self.language_model.quant_predicate
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
-        """The language model's tensors, named relative to it and folded as Qwen3-Next's are (multi-token-prediction
-        weights dropped on purpose there); the tower's under `vision_tower.`, its Conv3d patch embedding as one
-        linear map. Without tower tensors the model drops its tower."""
+        """The language model's tensors, named relative to it and folded as Qwen3-Next's are (its multi-token-prediction
+        head's too); the tower's under `vision_tower.`, its Conv3d patch embedding as one linear map. Without tower
+        tensors the model drops its tower."""
         text, vision = {}, {}
         for name, tensor in weights.items():
             if prefix := next((p for p in VISION_PREFIXES if name.startswith(p)), None):

@@ -13,6 +13,8 @@ says), with a mixture of experts plus a gated shared expert as feed-forward (a S
   `partial_rotary_factor` of each head.
 - The checkpoint's RMS norms (but the gated one) store weight - 1;
   `sanitize` adds the 1 back when it reads a Hugging Face checkpoint.
+- Multi-token prediction (`mtp.*`, where the config announces one layer of it and the checkpoint carries it;
+  mlx-lm's conversions drop it): `MultiTokenPredictor`, the model's drafter (plugd.nn.mtp).
 
 Parameter names follow the Hugging Face checkpoint, with the experts stacked
 as MLX-converted checkpoints hold them (`mlp.switch_mlp.gate_proj.weight`).
@@ -33,6 +35,7 @@ from plugd.nn.decoder import LanguageModel
 from plugd.nn.gated_delta import gated_delta, gates, normalize_qk
 from plugd.nn.linear import Linear
 from plugd.nn.mlp import GatedMLP
+from plugd.nn.mtp import HeadDrafter, MTPDrafter
 from plugd.nn.norms import RMSNorm
 from plugd.nn.recurrent import RecurrentCache
 from plugd.nn.rope import RoPE
@@ -44,7 +47,9 @@ from plugd_qwen.config import LINEAR, layer_types
 
 # RMS norms whose checkpoint weight is stored as weight - 1 (output = norm(x) * (1 + weight)).
 ZERO_CENTRED_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
-                      ".q_norm.weight", ".k_norm.weight")
+                      ".q_norm.weight", ".k_norm.weight", "mtp.norm.weight", "mtp.pre_fc_norm_embedding.weight",
+                      "mtp.pre_fc_norm_hidden.weight")
+MTP = "mtp."
 
 Cache = RecurrentCache | KVCache
 
@@ -59,6 +64,7 @@ class ModelArgs(qwen3_moe.ModelArgs):
     linear_value_head_dim: int
     linear_conv_kernel_dim: int
     layer_types: tuple[str, ...]
+    mtp_layers: int = 0
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any]) -> ModelArgs:
@@ -95,6 +101,7 @@ def hybrid_fields(config: Mapping[str, Any]) -> dict[str, Any]:
         "linear_value_head_dim": text["linear_value_head_dim"],
         "linear_conv_kernel_dim": text.get("linear_conv_kernel_dim", 4),
         "layer_types": layer_types(text),
+        "mtp_layers": text.get("mtp_num_hidden_layers", text.get("num_nextn_predict_layers", 0)),
     }
 
 
@@ -241,17 +248,16 @@ class SharedExpertMoeBlock(qwen3_moe.SparseMoeBlock):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: ModelArgs, layer: int, linear_attention: type[GatedDeltaNet],
-                 attention: type[GatedAttention]):
+    def __init__(self, args: ModelArgs, mixer: GatedDeltaNet | GatedAttention, sparse: bool):
         super().__init__()
-        self.is_linear = args.is_linear(layer)
+        self.is_linear = isinstance(mixer, GatedDeltaNet)
         if self.is_linear:
-            self.linear_attn = linear_attention(args)
+            self.linear_attn = mixer
         else:
-            self.self_attn = attention(args)
+            self.self_attn = mixer
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        if args.is_sparse(layer):
+        if sparse:
             self.mlp = SharedExpertMoeBlock(args)
         else:
             self.mlp = GatedMLP(args.hidden_size, args.intermediate_size)
@@ -263,17 +269,56 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+class MultiTokenPredictor(nn.Module):
+    """The checkpoint's multi-token-prediction head (`mtp.*`), as vLLM and SGLang run Qwen3-Next's and Qwen3.5's:
+    the embedding of the token at t + 1 and the model's final (normed) hidden state at t, each RMS-normed
+    (`pre_fc_norm_embedding`, `pre_fc_norm_hidden`), side by side in that order, projected back to the hidden size
+    (`fc`), through a full-attention decoder layer like the model's (its feed-forward sparse as the model's first
+    layer's is) and a final norm: the hidden state whose logits, through the model's own output head, are those
+    of the token at t + 2. It shares the model's embedding and output head, which it has none of."""
+
+    def __init__(self, args: ModelArgs, attention: type[GatedAttention]):
+        super().__init__()
+        self.pre_fc_norm_embedding = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.pre_fc_norm_hidden = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.fc = Linear(2 * args.hidden_size, args.hidden_size)
+        self.layers = [DecoderLayer(args, attention(args), args.is_sparse(0)) for _ in range(args.mtp_layers)]
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+    def __call__(self, hidden: mx.array, embedded: mx.array, cache: list[KVCache] | None,
+                 position: int | mx.array | None = None) -> mx.array:
+        joined = mx.concatenate([self.pre_fc_norm_embedding(embedded), self.pre_fc_norm_hidden(hidden)], axis=-1)
+        h = self.fc(joined)
+        for layer, layer_cache in zip(self.layers, cache or [None] * len(self.layers), strict=True):
+            h = layer(h, layer_cache, position)
+        return self.norm(h)
+
+    def make_cache(self) -> list[KVCache]:
+        return [KVCache() for _ in self.layers]
+
+
 class Model(LanguageModel):
     linear_attention = GatedDeltaNet
     attention = GatedAttention
 
     def __init__(self, args: ModelArgs):
-        layers = [DecoderLayer(args, i, self.linear_attention, self.attention) for i in range(args.num_hidden_layers)]
+        layers = [DecoderLayer(args, (self.linear_attention if args.is_linear(i) else self.attention)(args),
+                               args.is_sparse(i)) for i in range(args.num_hidden_layers)]
         super().__init__(args, qwen3.Decoder(args, layers))
+        # vLLM runs a head of several layers one layer per draft; no checkpoint has more than one.
+        if args.mtp_layers == 1:
+            self.mtp = MultiTokenPredictor(args, self.attention)
 
-    def __call__(self, tokens: mx.array, cache: list[Cache] | None = None) -> mx.array:
-        """(batch, length) int32 token ids -> (batch, length, vocab) logits, advancing `cache` when given."""
-        return self.logits(self.model(tokens, cache if cache is not None else [None] * self.args.num_hidden_layers))
+    def __call__(self, tokens: mx.array, cache: list[Cache] | None = None, return_hidden: bool = False
+                 ) -> mx.array | tuple[mx.array, mx.array]:
+        """(batch, length) int32 token ids -> (batch, length, vocab) logits, advancing `cache` when given; with
+        `return_hidden`, (logits, the final hidden states they come from)."""
+        hidden = self.model(tokens, cache if cache is not None else [None] * self.args.num_hidden_layers)
+        return (self.logits(hidden), hidden) if return_hidden else self.logits(hidden)
+
+    def drafter(self) -> MTPDrafter | None:
+        """The checkpoint's multi-token-prediction head as a drafter (plugd.nn.mtp); None without one."""
+        return HeadDrafter(self.mtp, self.model.embed_tokens, self.logits) if "mtp" in self else None
 
     @property
     def quant_predicate(self):
@@ -290,21 +335,27 @@ class Model(LanguageModel):
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Fold a Hugging Face (or MLX-converted) checkpoint into this model's parameters, lazily.
 
-        Multi-token-prediction weights (`mtp.*`) are dropped on purpose: plugd
-        decodes one token per step and never runs that head. A checkpoint whose
-        convolution kernels are still in the Hugging Face layout has not been
-        converted, so its zero-centred norm weights get their 1 back. Experts
-        are stacked, from per-expert tensors or from fused 3-D ones.
+        The multi-token-prediction head (`mtp.*`) is kept where the model has one, which it drops when the
+        checkpoint does not carry it (mlx-lm's conversions leave it out); a head the model has no place for is
+        dropped. A checkpoint whose convolution kernels are still in the Hugging Face layout has not been
+        converted, so its zero-centred norm weights get their 1 back. Experts are stacked, from per-expert
+        tensors or from fused 3-D ones.
         """
-        weights = {name: tensor for name, tensor in weights.items() if not name.startswith("mtp.")}
+        if not any(name.startswith(MTP) for name in weights):
+            self.pop("mtp", None)
+        if "mtp" not in self:
+            weights = {name: tensor for name, tensor in weights.items() if not name.startswith(MTP)}
         if fold_conv_weights(weights):
             for name, tensor in weights.items():
                 if name.endswith(ZERO_CENTRED_NORMS):
                     weights[name] = tensor + 1.0
-        for layer in range(self.args.num_hidden_layers):
-            if self.args.is_sparse(layer):
-                stack_fused_experts(weights, f"model.layers.{layer}.mlp")
-                stack_experts(weights, f"model.layers.{layer}.mlp", self.args.num_experts)
+        prefixes = [f"model.layers.{layer}.mlp" for layer in range(self.args.num_hidden_layers)
+                    if self.args.is_sparse(layer)]
+        if "mtp" in self and self.args.is_sparse(0):
+            prefixes += [f"{MTP}layers.{layer}.mlp" for layer in range(self.args.mtp_layers)]
+        for prefix in prefixes:
+            stack_fused_experts(weights, prefix)
+            stack_experts(weights, prefix, self.args.num_experts)
         return super().sanitize(weights)
 
 

@@ -14,9 +14,9 @@ from plugd.hookspecs import Architecture, ModelFiles
 from plugd.image_processor import with_image_processor
 from plugd.plugins import Registry
 from plugd.store import manifests as mt
+from plugd.store.drafts import DRAFT_CONFIG, split_tensors, weight_tensors
 from plugd.store.integrity import damage
-from plugd.store.metadata import tensor_metadata
-from plugd.store.model_files import chat_template, is_weights, read_json
+from plugd.store.model_files import chat_template, read_json
 from plugd.store.names import ModelName
 from plugd.store.ollama_format import config_view
 from plugd.store.sentence_layout import EmbeddingLayout
@@ -31,6 +31,16 @@ class UnsupportedModel(PlugdError, ValueError):
 
 
 @define(frozen=True)
+class ResolvedDraft:
+    """A model's draft (plugd.store.drafts): its config.json, the installed architecture that runs it (None when
+    none does now), and its tensors' dtypes and shapes by their names in its checkpoint."""
+
+    config: dict[str, Any]
+    architecture: Architecture | None
+    tensors: dict[str, dict[str, Any]]
+
+
+@define(frozen=True)
 class ResolvedModel:
     name: ModelName
     digest: str  # of the manifest: a model changes identity when any of its layers does
@@ -39,10 +49,11 @@ class ResolvedModel:
     model_files: ModelFiles
     generation_config: dict[str, Any]
     architecture: Architecture | None
-    tensors: dict[str, dict[str, Any]]
+    tensors: dict[str, dict[str, Any]]  # the model's own, not its draft's
     parameters: dict[str, Any]
     system: str | None
     messages: list[Message]
+    draft: ResolvedDraft | None = None
 
     @property
     def embeds(self) -> bool:
@@ -81,10 +92,11 @@ def _resolve(store: Store, registry: Registry, model: StoredModel) -> ResolvedMo
     texts = {layer.media_type: store.text_blob(layer.digest) for layer in model.manifest.layers
              if layer.media_type in (mt.TEMPLATE, mt.SYSTEM, mt.PARAMS, mt.MESSAGES)}
     template = texts.get(mt.TEMPLATE) or chat_template(store, files)
-    tensors: dict[str, dict[str, Any]] = {}
-    for file, layer in files.items():
-        if is_weights(file):
-            tensors |= tensor_metadata(store, layer.digest, file)["tensors"]
+    tensors, draft_tensors = split_tensors(weight_tensors(store, files))
+    draft = None
+    if DRAFT_CONFIG in files:
+        draft_config = read_json(store, files, DRAFT_CONFIG)
+        draft = ResolvedDraft(draft_config, registry.architectures().get(draft_config.get("model_type")), draft_tensors)
     return ResolvedModel(
         name=name,
         digest=model.manifest.digest(),
@@ -100,6 +112,7 @@ def _resolve(store: Store, registry: Registry, model: StoredModel) -> ResolvedMo
         parameters=json.loads(texts[mt.PARAMS]) if mt.PARAMS in texts else {},
         system=texts.get(mt.SYSTEM),
         messages=[Message(m["role"], m["content"]) for m in json.loads(texts.get(mt.MESSAGES, "[]"))],
+        draft=draft,
     )
 
 

@@ -49,15 +49,7 @@ def load_model(model_dir: Path, module: ModuleType, embedding: bool = False,
         model.pop("lm_head", None)
         if not any(name.startswith("model.") for name in weights):
             weights = {f"model.{name}": tensor for name, tensor in weights.items()}
-    try:
-        weights = model.sanitize(weights)
-    except KeyError as missing:
-        raise CheckpointError(f"missing tensor {missing.args[0]}") from None
-    if "quantization" in config or ollama:  # Ollama's layers say what is quantized by the tensors they hold
-        quantize_layers(model, config.get("quantization", {}), weights)
-    check_fits(model, weights)
-    dtype = compute_dtype()
-    model.update(tree_unflatten([(name, _cast(tensor, dtype)) for name, tensor in weights.items()]))
+    fill(model, weights, checkpoint_quantization(config, ollama))
     del weights  # what the model does not hold (a tensor before its cast, or its split) is freed once used
     if group is not None and group.size() > 1:
         shard(model, module, group)
@@ -67,6 +59,27 @@ def load_model(model_dir: Path, module: ModuleType, embedding: bool = False,
         mx.eval(model.parameters())
     mx.clear_cache()
     return model
+
+
+def checkpoint_quantization(config: Mapping[str, Any], ollama: bool) -> Mapping[str, Any] | None:
+    """What `fill` takes for a checkpoint of this config.json: Ollama's layers say what is quantized by the tensors
+    they hold."""
+    return config.get("quantization", {}) if "quantization" in config or ollama else None
+
+
+def fill(model: nn.Module, weights: dict[str, mx.array], quantization: Mapping[str, Any] | None) -> None:
+    """Put a checkpoint's tensors into `model`, lazily: folded by its `sanitize`, the layers held quantized swapped
+    for their quantized twins (`quantization`: config.json's entry, {} to read it off the tensors alone, None for a
+    float checkpoint), checked against its parameters and cast to the compute dtype."""
+    try:
+        weights = model.sanitize(weights)
+    except KeyError as missing:
+        raise CheckpointError(f"missing tensor {missing.args[0]}") from None
+    if quantization is not None:
+        quantize_layers(model, quantization, weights)
+    check_fits(model, weights)
+    dtype = compute_dtype()
+    model.update(tree_unflatten([(name, _cast(tensor, dtype)) for name, tensor in weights.items()]))
 
 
 def shard(model: nn.Module, module: ModuleType, group: mx.distributed.Group) -> None:

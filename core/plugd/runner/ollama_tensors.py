@@ -25,6 +25,7 @@ from attrs import define
 from mlx.utils import tree_flatten
 
 from plugd.runner.errors import CheckpointError
+from plugd.store.drafts import DRAFT_TENSOR_PREFIX
 
 # Ollama's quantization types (x/quant in ollama/ollama): MLX mode, bits, default group size.
 QUANT_TYPES = {
@@ -67,8 +68,9 @@ class _Tensor:
         return _Tensor(self.weight[e], scales, biases, self.global_scale, self.quantization)
 
 
-def read_ollama_weights(directory: Path, model: nn.Module) -> dict[str, mx.array]:
-    """Every tensor of the Ollama tensor files in `directory`, mapped lazily and named for `model`'s `sanitize`."""
+def read_ollama_weights(directory: Path, model: nn.Module, prefix: str = "") -> dict[str, mx.array]:
+    """Every tensor of the Ollama tensor files in `directory` whose name starts with `prefix`, without it, mapped lazily
+    and named for `model`'s `sanitize`. With no prefix, the model's own: a draft's (DRAFT_TENSOR_PREFIX) are not."""
     files = sorted(Path(directory).glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{directory}: no tensor layers")
@@ -77,7 +79,9 @@ def read_ollama_weights(directory: Path, model: nn.Module) -> dict[str, mx.array
     weights: dict[str, mx.array] = {}
     for file in files:
         for name, tensor in _tensors(file).items():
-            for key, value in _named(name, tensor, parameters, quantizable).items():
+            if not name.startswith(prefix) or (not prefix and name.startswith(DRAFT_TENSOR_PREFIX)):
+                continue
+            for key, value in _named(name.removeprefix(prefix), tensor, parameters, quantizable).items():
                 if key in weights:
                     raise CheckpointError(f"{directory}: tensor {key} is in more than one tensor layer")
                 weights[key] = value

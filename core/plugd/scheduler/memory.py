@@ -7,7 +7,7 @@ import math
 import platform
 from typing import Any
 
-from attrs import define
+from attrs import define, evolve
 
 from plugd.constants import CACHE_STEP, PREFILL_CHUNK, ROTATING_SLACK, SNAPSHOT_LIMIT
 from plugd.errors import PlugdError
@@ -59,6 +59,11 @@ class CacheEstimate:
         on one of `parts` ranks."""
         text = config.get("text_config", config)
         return cls(architecture.cache_layers(text), text.get("vocab_size", 0), float_bytes, parts)
+
+    def with_draft(self, layers: list[LayerCache]) -> CacheEstimate:
+        """The estimate with a draft model's `layers` too: the draft keeps caches for the same positions of the same
+        sequences as the model."""
+        return evolve(self, layers=[*self.layers, *layers])
 
     def bytes(self, num_ctx: int, sequences: int = 1) -> int:
         """For `sequences` decoding together: one alone decodes in the cache policy's live caches; several each

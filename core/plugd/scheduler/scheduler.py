@@ -15,7 +15,7 @@ import httpx
 from attrs import define, field
 
 from plugd.cache_policies import chosen_policy
-from plugd.chat.models import ResolvedModel, embedding_layout
+from plugd.chat.models import ResolvedDraft, ResolvedModel, embedding_layout
 from plugd.errors import PlugdError
 from plugd.plugins import Registry
 from plugd.protocol import GroupLayout, RunnerConfig
@@ -199,6 +199,8 @@ class Scheduler:
         """The model's loaded runner, held for the caller; loads it (making room first) when needed."""
         model.require_architecture()  # refused before anything is evicted for it
         weights = memory.weight_bytes(model.tensors, self.float_bytes) // self._share(model)
+        if (draft := self._draft(model)) is not None:
+            weights += memory.weight_bytes(draft.tensors, self.float_bytes)
         async with self.changed:
             if entry := self._usable(model.digest, num_ctx):
                 self._hold(entry)
@@ -225,9 +227,12 @@ class Scheduler:
                     return entry
                 cache_budget = self._cache_budget(needed)
             engines = {engine.name: engine.factory for engine in self.registry.items.get("plugd_grammar_engines", [])}
+            if model.draft is not None and draft is None:
+                log.warning("no installed architecture plugin runs the draft of %s (model_type %r): it loads without",
+                            model.name, model.draft.config.get("model_type"))
             config = RunnerConfig(model.require_architecture().module, self.cache_policy.factory, cache_budget,
                                   engines, self.settings.log_level, embedding_layout(model), parallel,
-                                  self._group(model))
+                                  self._group(model), draft.architecture.module if draft is not None else None)
             entry = Loaded(model=model, runner=self.runner_factory(model, config), num_ctx=context,
                            size=needed, sized=num_ctx is None, cache_budget=cache_budget or 0, parallel=parallel,
                            growth=caches + (cache_budget or 0))
@@ -274,8 +279,17 @@ class Scheduler:
         return next((n for n in range(memory.DEFAULT_PARALLEL, 1, -1) if caches.bytes(context, n) <= room), 1)
 
     def _caches(self, model: ResolvedModel) -> memory.CacheEstimate:
-        return memory.CacheEstimate.of(model.require_architecture(), model.model_files.config, self.float_bytes,
-                                       self._share(model))
+        caches = memory.CacheEstimate.of(model.require_architecture(), model.model_files.config, self.float_bytes,
+                                         self._share(model))
+        if (draft := self._draft(model)) is not None:
+            caches = caches.with_draft(draft.architecture.cache_layers(draft.config.get("text_config", draft.config)))
+        return caches
+
+    @staticmethod
+    def _draft(model: ResolvedModel) -> ResolvedDraft | None:
+        """The model's draft where an installed architecture runs it; a draft none runs (its plugin uninstalled
+        since the model was created) is left out."""
+        return model.draft if model.draft is not None and model.draft.architecture is not None else None
 
     async def _learn_device(self, runner: Runner) -> None:
         """From the first runner that answers (the daemon imports no MLX): its compute dtype, which the estimates

@@ -7,9 +7,10 @@ from typing import Any
 
 from plugd.plugins import Registry
 from plugd.store import manifests as mt
+from plugd.store.drafts import DRAFT_CONFIG, split_tensors, weight_tensors
 from plugd.store.integrity import damage
-from plugd.store.metadata import tensor_metadata
-from plugd.store.model_files import chat_template, is_weights, read_json
+from plugd.store.metadata import parameter_count
+from plugd.store.model_files import chat_template, read_json
 from plugd.store.ollama_format import config_view
 from plugd.store.store import Store, StoredModel
 
@@ -107,9 +108,11 @@ SHAPE_KEYS = {
 def model_info(store: Store, model: StoredModel, config: dict[str, Any]) -> dict[str, Any]:
     """Ollama's model_info: the architecture, its parameter count and context length, the shape numbers the
     checkpoint's config.json gives (a multimodal model's from its text model), the inputs its checkpoint has a
-    tower for that plugd does not run, and where it was pulled from."""
+    tower for that plugd does not run, where it was pulled from, and its draft model's architecture and parameter
+    count where it has one."""
     family = config.get("model_family", "")
-    hf_config = read_json(store, model.manifest.files(), "config.json")
+    files = model.manifest.files()
+    hf_config = read_json(store, files, "config.json")
     text = hf_config.get("text_config") or hf_config
     info: dict[str, Any] = {"general.architecture": family, "general.parameter_count": config.get("parameter_count")}
     if config.get("context_length"):
@@ -123,6 +126,11 @@ def model_info(store: Store, model: StoredModel, config: dict[str, Any]) -> dict
     if origin := config.get("origin"):  # a model pulled from the Hugging Face Hub: the repository and its commit
         info |= {"general.source": origin.get("source"), "general.source_revision": origin.get("revision"),
                  "general.source_commit": origin.get("commit")}
+    if DRAFT_CONFIG in files:
+        draft_config = read_json(store, files, DRAFT_CONFIG)
+        _, draft_tensors = split_tensors(weight_tensors(store, files))
+        info |= {"draft.architecture": draft_config.get("model_type", ""),
+                 "draft.parameter_count": parameter_count(draft_tensors, draft_config)}
     return info
 
 
@@ -146,10 +154,8 @@ def show_payload(store: Store, model: StoredModel, verbose: bool = False, regist
     if (problem := damage(store, model.manifest, verify=False)) is not None:
         payload["damaged"] = problem
     if verbose:
-        payload["tensors"] = [
+        payload["tensors"] = [  # a draft's named with its prefix, as in Ollama's layout
             {"name": name, "type": info["dtype"], "shape": info["shape"]}
-            for file, layer in sorted(model.manifest.files().items())
-            if is_weights(file)
-            for name, info in tensor_metadata(store, layer.digest, file)["tensors"].items()
+            for name, info in weight_tensors(store, model.manifest.files()).items()
         ]
     return payload

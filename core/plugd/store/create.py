@@ -7,12 +7,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from attrs import define, field
+from tokenizers import Tokenizer
 
 from plugd.builtins.jinja_renderer import FALLBACK_RENDERER, check_template
 from plugd.errors import PlugdError
 from plugd.hookspecs import Architecture, ModelFiles
 from plugd.plugins import Registry
 from plugd.store import manifests as mt
+from plugd.store.drafts import DRAFT_CONFIG, DRAFT_FOLDER, config_entry, split_files, vocabulary_mismatch
 from plugd.store.manifests import Layer, Manifest
 from plugd.store.metadata import file_type, human_parameters, parameter_count, quantization, tensor_metadata
 from plugd.store.model_files import chat_template, is_model_path, is_weights, read_json
@@ -34,7 +36,10 @@ class CreateError(PlugdError, ValueError):
 
 @define
 class CreateRequest:
-    """Ollama's /api/create body, plus plugd's renderer, parser and capabilities overrides."""
+    """Ollama's /api/create body, plus plugd's renderer, parser and capabilities overrides.
+
+    A draft model (plugd.store.drafts) comes as Ollama sends one, `draft_files` (the draft directory's files by name,
+    uploaded as blobs like `files`), or as plugd's `draft`: the name of a model in the store, as `from` names one."""
 
     model: str
     from_: str | None = None
@@ -48,16 +53,19 @@ class CreateRequest:
     parser: str | None = None
     capabilities: list[str] | None = None
     quantize: str | None = None
+    draft: str | None = None
+    draft_files: dict[str, str] = field(factory=dict)
     stream: bool = True
 
 
 @define
-class _Draft:
+class _Parts:
     """What the new model will be made of, before it is written."""
 
     files: dict[str, Layer]
     extra: dict[str, Layer]  # non-file layers by media type, inherited from `from`
     base_config: dict[str, Any] = field(factory=dict)
+    draft: dict[str, Layer] = field(factory=dict)  # the draft's files by their path in the model directory
 
 
 def _check_file_name(name: str) -> None:
@@ -69,34 +77,78 @@ def _check_file_name(name: str) -> None:
                           "directory, or of a sentence-transformers module's config.json or model.safetensors")
 
 
-def _draft_from_files(store: Store, files: dict[str, str]) -> _Draft:
+def _uploaded(store: Store, files: dict[str, str], what: str = "file") -> dict[str, Layer]:
     layers = {}
     for name, digest in files.items():
         _check_file_name(name)
         try:
             present = store.blobs.exists(digest)
         except ValueError as exc:
-            raise CreateError(f"file {name}: {exc}") from None
+            raise CreateError(f"{what} {name}: {exc}") from None
         if not present:
-            raise CreateError(f"blob {digest} for file {name} is not in the store; upload it with POST /api/blobs/{digest}")
+            raise CreateError(f"blob {digest} for {what} {name} is not in the store; upload it with POST /api/blobs/{digest}")
         layers[name] = Layer(mt.MODEL_FILE, digest, store.blobs.size(digest), name)
-    return _Draft(files=layers, extra={})
+    return layers
 
 
-def _draft_from_model(store: Store, registry: Registry, source: str) -> _Draft:
+def _parts_from_model(store: Store, registry: Registry, source: str) -> _Parts:
     base = store.get(ModelName.parse(source))
-    files = base.manifest.files()  # an Ollama-format base keeps its tensor and JSON layers as they are
-    extra = {layer.media_type: layer for layer in base.manifest.layers if layer not in files.values()}
+    # An Ollama-format base keeps its tensor and JSON layers as they are, and a base with a draft its draft.
+    files, draft = split_files(base.manifest.files())
+    extra = {layer.media_type: layer for layer in base.manifest.layers if layer not in [*files.values(), *draft.values()]}
     config = config_view(store, base, registry)  # Ollama's renderer and parser names mapped onto installed plugins
     config["capabilities"] = [c for c in config.get("capabilities") or [] if c in CAPABILITIES]
-    return _Draft(files=files, extra=extra, base_config=config)
+    return _Parts(files=files, extra=extra, base_config=config, draft=draft)
 
 
-def _tensors(store: Store, draft: _Draft) -> dict[str, dict[str, Any]]:
-    weight_files = {n: layer for n, layer in draft.files.items() if is_weights(n)}
+def _draft_source(store: Store, req: CreateRequest) -> dict[str, Layer] | None:
+    """The files of the draft the request names, by their paths in the draft's directory; None when it names none."""
+    if req.draft and req.draft_files:
+        raise CreateError("give the draft as 'draft' (a model) or as 'draft_files', not both")
+    if req.draft_files:
+        return _uploaded(store, req.draft_files, "draft file")
+    if req.draft:
+        return split_files(store.get(ModelName.parse(req.draft)).manifest.files())[0]  # not a draft's own draft
+    return None
+
+
+def _check_draft(store: Store, registry: Registry, files: dict[str, Layer], model_files: dict[str, Layer]) -> None:
+    """Refuses a draft that cannot draft for the model of `model_files`: no installed architecture runs it, it has no
+    weights, or it does not share the model's vocabulary."""
+    try:
+        config = read_json(store, files, "config.json", required=True)
+    except ValueError as exc:
+        raise CreateError(f"draft: {exc}") from None
+    model_type = config.get("model_type")
+    if model_type not in registry.architectures():
+        raise CreateError(f"the draft's model_type {model_type!r} is run by no installed architecture plugin; installed: "
+                          f"{', '.join(sorted(registry.architectures())) or 'none'} (see `plugd plugins`)")
+    if "modules.json" in files:
+        raise CreateError("the draft is an embedding model (a sentence-transformers layout), which generates nothing")
+    if not any(is_weights(path) for path in files):
+        raise CreateError("the draft has no .safetensors weights")
+    width = config.get("text_config", config).get("vocab_size")
+    mismatch = vocabulary_mismatch(_vocabulary(store, model_files, "the model"), _vocabulary(store, files, "the draft"),
+                                   width if isinstance(width, int) else None)
+    if mismatch:
+        raise CreateError(mismatch)
+
+
+def _vocabulary(store: Store, files: dict[str, Layer], whose: str) -> dict[str, int]:
+    """Token strings to ids in the tokenizer.json of `files`, added tokens included."""
+    if (layer := files.get("tokenizer.json")) is None:
+        raise CreateError(f"{whose} has no tokenizer.json, so the draft's vocabulary cannot be checked against the model's")
+    try:
+        return Tokenizer.from_file(str(store.blobs.path(layer.digest))).get_vocab(with_added_tokens=True)
+    except Exception as exc:  # the tokenizers library raises its parse errors as plain Exception
+        raise CreateError(f"{whose}'s tokenizer.json cannot be read: {exc}") from None
+
+
+def _tensors(store: Store, parts: _Parts) -> dict[str, dict[str, Any]]:
+    weight_files = {n: layer for n, layer in parts.files.items() if is_weights(n)}
     if not weight_files:
         raise CreateError("the model has no .safetensors weights")
-    index = read_json(store, draft.files, "model.safetensors.index.json")
+    index = read_json(store, parts.files, "model.safetensors.index.json")
     if missing := set(index.get("weight_map", {}).values()) - set(weight_files):
         raise CreateError(f"model.safetensors.index.json names weight files that were not given: {sorted(missing)}")
     tensors: dict[str, dict[str, Any]] = {}
@@ -127,18 +179,18 @@ def _architecture(registry: Registry, config: dict[str, Any]) -> Architecture:
     return installed[model_type]
 
 
-def _quantized(store: Store, architecture: Architecture, draft: _Draft, config: dict[str, Any], level: str,
+def _quantized(store: Store, architecture: Architecture, parts: _Parts, config: dict[str, Any], level: str,
                status: Callable[[str], None]) -> tuple[dict[str, Layer], dict[str, Any], dict[str, dict[str, Any]]]:
-    """Replace the draft's float weights with quantized ones; returns its new files, config and tensors."""
+    """Replace the float weights of `parts` with quantized ones; returns its new files, config and tensors."""
     try:
         bits = bits_for(level)
         if quantization(config):
             raise QuantizeError("the model is already quantized")
-        status(f"quantizing {file_type(_tensors(store, draft), config)} model to {level.upper()}")
-        files = quantize_files(store, draft.files, architecture.module, bits)
+        status(f"quantizing {file_type(_tensors(store, parts), config)} model to {level.upper()}")
+        files = quantize_files(store, parts.files, architecture.module, bits)
     except QuantizeError as exc:
         raise CreateError(str(exc)) from None
-    quantized = _Draft(files=files, extra=draft.extra)
+    quantized = _Parts(files=files, extra=parts.extra)
     return files, read_json(store, files, "config.json", required=True), _tensors(store, quantized)
 
 
@@ -181,9 +233,9 @@ def _parameters(requested: dict[str, Any], base: dict[str, Any]) -> dict[str, An
     return merged
 
 
-def _text_layers(store: Store, req: CreateRequest, draft: _Draft, params: dict[str, Any]) -> dict[str, Layer]:
+def _text_layers(store: Store, req: CreateRequest, parts: _Parts, params: dict[str, Any]) -> dict[str, Layer]:
     """Template, system, parameters, messages and license layers: the request's, else inherited."""
-    layers = dict(draft.extra)
+    layers = dict(parts.extra)
     licenses = [req.license] if isinstance(req.license, str) else req.license
     values = {
         mt.TEMPLATE: req.template,
@@ -207,40 +259,46 @@ def create_model(store: Store, registry: Registry, req: CreateRequest, status: C
     another keeps that one's."""
     name = ModelName.parse(req.model)
     if req.files:
-        draft = _draft_from_files(store, req.files)
+        parts = _Parts(files=_uploaded(store, req.files), extra={})
     elif req.from_:
-        draft = _draft_from_model(store, registry, req.from_)
+        parts = _parts_from_model(store, registry, req.from_)
     else:
         raise CreateError("neither 'from' nor 'files' was specified")
     status("parsing model files")
     try:
-        config = read_json(store, draft.files, "config.json", required=True)
-        tokenizer_config = read_json(store, draft.files, "tokenizer_config.json")
+        config = read_json(store, parts.files, "config.json", required=True)
+        tokenizer_config = read_json(store, parts.files, "tokenizer_config.json")
         if req.template is not None:
             check_template(req.template)
-        template = req.template if req.template is not None else chat_template(store, draft.files)
-        tensors = _tensors(store, draft)
-        layout = read_layout(lambda file: _any_json(store, draft.files, file))
+        template = req.template if req.template is not None else chat_template(store, parts.files)
+        tensors = _tensors(store, parts)
+        layout = read_layout(lambda file: _any_json(store, parts.files, file))
     except ValueError as exc:  # LayoutError included
         raise CreateError(str(exc)) from None
     architecture = _architecture(registry, config)
+    if (draft := _draft_source(store, req)) is not None:
+        status("checking the draft")
+        _check_draft(store, registry, draft, parts.files)
+        parts.draft = {DRAFT_FOLDER + path: Layer(mt.MODEL_FILE, layer.digest, layer.size, DRAFT_FOLDER + path)
+                       for path, layer in draft.items()}
     if req.quantize and layout is not None:
         raise CreateError("quantizing an embedding model (a sentence-transformers layout) is not supported")
     if req.quantize:
-        draft.files, config, tensors = _quantized(store, architecture, draft, config, req.quantize, status)
+        parts.files, config, tensors = _quantized(store, architecture, parts, config, req.quantize, status)
     model_files = ModelFiles(config=config, chat_template=template, tokenizer_config=tokenizer_config)
 
-    base = draft.base_config
+    base = parts.base_config
     capabilities = req.capabilities
     if capabilities is None:
         capabilities = base.get("capabilities") or (
             ["embedding"] if layout is not None else infer_capabilities(template, architecture, tensors))
     if unknown := set(capabilities) - set(CAPABILITIES):
         raise CreateError(f"unknown capabilities {sorted(unknown)}; known: {', '.join(CAPABILITIES)}")
-    params_layer = draft.extra.get(mt.PARAMS)
+    params_layer = parts.extra.get(mt.PARAMS)
     base_params = json.loads(store.text_blob(params_layer.digest)) if params_layer else {}
-    layers = list(sorted(draft.files.values(), key=lambda layer: layer.name or ""))
-    layers += _text_layers(store, req, draft, _parameters(req.parameters, base_params)).values()
+    layers = sorted(parts.files.values(), key=lambda layer: layer.name or "")
+    layers += sorted(parts.draft.values(), key=lambda layer: layer.name or "")
+    layers += _text_layers(store, req, parts, _parameters(req.parameters, base_params)).values()
     for layer in layers:
         status(f"using layer {layer.digest}")
 
@@ -263,6 +321,8 @@ def create_model(store: Store, registry: Registry, req: CreateRequest, status: C
     }
     if layout is not None:
         model_config["embedding"] = unstructure(layout)
+    if parts.draft:
+        model_config["draft"] = config_entry(read_json(store, parts.draft, DRAFT_CONFIG), parts.draft)
     if unsupported := (architecture.unsupported_inputs(tensors) if architecture is not None else []):
         model_config["unsupported_inputs"] = unsupported
         for kind in unsupported:

@@ -1,4 +1,4 @@
-"""Ollama-style Modelfiles: one instruction per command (FROM, PARAMETER, SYSTEM, TEMPLATE, RENDERER,
+"""Ollama-style Modelfiles: one instruction per command (FROM, DRAFT, PARAMETER, SYSTEM, TEMPLATE, RENDERER,
 PARSER, MESSAGE, LICENSE), each with a bare, double-quoted or triple-quoted (multi-line) argument."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import attrs
 from plugd.types import OPTION_TYPES
 
 ROLES = ("system", "user", "assistant")
-_COMMANDS = ("from", "parameter", "system", "template", "renderer", "parser", "message", "license")
+_COMMANDS = ("from", "draft", "parameter", "system", "template", "renderer", "parser", "message", "license")
 _KEYED = {"parameter": "PARAMETER needs a name and a value", "message": "MESSAGE needs a role and content"}
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')  # one line; a backslash escapes the next character
 _ESCAPE = re.compile(r'\\(["\\])')  # only \" and \\ are unescaped; other backslashes stay as written
@@ -25,6 +25,7 @@ class ModelfileError(ValueError):
 @attrs.define
 class Modelfile:
     from_: str
+    draft: str | None = None  # a draft model for speculative decoding: a model's name or a directory, as FROM takes
     parameters: dict[str, Any] = attrs.Factory(dict)
     system: str | None = None
     template: str | None = None
@@ -100,12 +101,16 @@ def _instructions(lines: list[str], filename: str) -> Iterator[tuple[int, str, s
 def parse_modelfile(text: str, filename: str = "Modelfile") -> Modelfile:
     """Read a Modelfile, raising ModelfileError at the first mistake."""
     modelfile = Modelfile(from_="")
-    from_line = None
+    from_line = draft_line = None
     for line, command, key, value in _instructions(text.replace("\r\n", "\n").split("\n"), filename):
         if command == "from":
             if from_line is not None:
                 raise _error(filename, line, f"second FROM line (the first is line {from_line})")
             modelfile.from_, from_line = value, line
+        elif command == "draft":
+            if draft_line is not None:
+                raise _error(filename, line, f"second DRAFT line (the first is line {draft_line})")
+            modelfile.draft, draft_line = value, line
         elif command == "parameter":
             try:
                 name, typed = parameter_value(key, value)

@@ -16,7 +16,8 @@ from typing import Any
 from plugd.builtins.jinja_renderer import FALLBACK_RENDERER
 from plugd.hookspecs import ModelFiles
 from plugd.plugins import Registry
-from plugd.store.metadata import file_type, human_parameters, parameter_count, tensor_metadata
+from plugd.store.drafts import split_tensors, weight_tensors
+from plugd.store.metadata import file_type, human_parameters, parameter_count
 from plugd.store.model_files import chat_template, read_json
 from plugd.store.store import Store, StoredModel
 
@@ -35,13 +36,11 @@ def config_view(store: Store, model: StoredModel, registry: Registry | None = No
 
 @lru_cache(maxsize=64)
 def _described(store: Store, model: StoredModel) -> dict[str, Any]:
-    """What plugd's create would record about the model, read off its config.json and tensor headers."""
+    """What plugd's create would record about the model, read off its config.json and tensor headers (its draft's
+    left out)."""
     files = model.manifest.files()
     hf_config = read_json(store, files, "config.json")
-    tensors: dict[str, dict[str, Any]] = {}
-    for file, layer in files.items():
-        if file.endswith(".safetensors"):
-            tensors |= tensor_metadata(store, layer.digest, file)["tensors"]
+    tensors, _ = split_tensors(weight_tensors(store, files))
     count = parameter_count(tensors, hf_config)
     model_type = hf_config.get("model_type", "")
     return {

@@ -6,8 +6,9 @@ Weights are named and shaped as the Hugging Face hub checkpoints hold them:
 convolution kernels as (channels, 1, kernel), per-expert tensors for
 Nemotron-H and Qwen3-Next, fused 3-D expert tensors for Qwen3.5-MoE, Qwen3.5
 under `model.language_model.` with its text settings nested in `text_config`,
-and a few multi-token-prediction tensors (`mtp.*`) where the config announces
-them, which loaders are expected to drop.
+and multi-token-prediction tensors (`mtp.*`) where the config announces them:
+Qwen3-Next's and Qwen3.5's whole head, as the hub's checkpoints carry it, and
+a few of Nemotron-H's, which its loader drops.
 """
 
 from __future__ import annotations
@@ -214,8 +215,23 @@ def _gated_delta_shapes(config: dict[str, Any]) -> Shapes:
             shapes |= {p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
         shapes |= _qwen_mlp_shapes(c, i, p + "mlp.", fused_experts=config["model_type"] == "qwen3_5_moe")
     if c.get("mtp_num_hidden_layers"):
-        shapes |= _mtp_shapes(h)
+        shapes |= _qwen_mtp_shapes(config)
     return shapes
+
+
+def _qwen_mtp_shapes(config: dict[str, Any]) -> Shapes:
+    """A multi-token-prediction head as Qwen3-Next and Qwen3.5 checkpoints hold it: norms of the embedding and of the
+    hidden state, their projection, one full-attention decoder layer (its feed-forward as the model's first
+    layer's) and a final norm."""
+    c = config.get("text_config", config)
+    h, hd = c["hidden_size"], c["head_dim"]
+    shapes: Shapes = {"mtp.fc.weight": (h, 2 * h), "mtp.pre_fc_norm_embedding.weight": (h,),
+                      "mtp.pre_fc_norm_hidden.weight": (h,), "mtp.norm.weight": (h,)}
+    p = "mtp.layers.0."
+    shapes |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+               p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
+    shapes |= _attention_shapes(c, p + "self_attn.", query_factor=2)
+    return shapes | _qwen_mlp_shapes(c, 0, p + "mlp.", fused_experts=config["model_type"] == "qwen3_5_moe")
 
 
 def _linear_attention_shapes(c: dict[str, Any], p: str, packed: bool) -> Shapes:

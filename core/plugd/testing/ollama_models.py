@@ -13,7 +13,9 @@ projection otherwise), or, with `experts="switch_mlp"`, stacked as imports from 
 or, with `experts="per_expert"`, kept one tensor per expert as earlier imports did. A quantized tensor T is the
 packed weight T, T.scale and (affine) T.bias, from MLX's own quantizer; quant_type and group_size go into the
 file's metadata, per tensor where one file mixes types. config.json and the other *.json files are layers
-named by their file name.
+named by their file name. A draft model (x/create/draft.go) follows the model's layers: its tensors unquantized, as
+Ollama's create leaves them unless asked, in layers whose names and tensors' names start with `draft.`, then its
+*.json files named under `draft/`, and the config blob says where (`draft`).
 
 The twin is the checkpoint as plugd loads the Ollama model: affine tensors quantized identically, in mlx-lm's
 layout (experts stacked as `switch_mlp`, `scales`/`biases`, config.json's `quantization`), and the tensors of
@@ -137,8 +139,9 @@ def _blob(tensors: dict[str, tuple[mx.array, str | None]], per_tensor_metadata: 
         return path.read_bytes()
 
 
-def _tensor_blobs(checkpoint: Path, quantize: str | None, experts: str) -> list[tuple[str, bytes]]:
-    """(layer name, blob) for every tensor layer, in the plan's order: plain tensors by name, then expert groups."""
+def _tensor_blobs(checkpoint: Path, quantize: str | None, experts: str, prefix: str = "") -> list[tuple[str, bytes]]:
+    """(layer name, blob) for every tensor layer, in the plan's order: plain tensors by name, then expert groups; the
+    names of the layers and of the tensors in them start with `prefix`."""
     weights: dict[str, mx.array] = {}
     for file in sorted(checkpoint.glob("*.safetensors")):
         weights |= mx.load(str(file))
@@ -151,35 +154,42 @@ def _tensor_blobs(checkpoint: Path, quantize: str | None, experts: str) -> list[
             groups[group][per_expert["proj"]].append((int(per_expert["index"]), weights[name]))
             continue
         kind = quant_type(name, tuple(weights[name].shape), quantize)
-        blobs.append((name, _blob({name: (weights[name], kind)})))
+        blobs.append((prefix + name, _blob({prefix + name: (weights[name], kind)})))
     for group in sorted(groups):
         stem = group if experts == "stacked" else group.removesuffix(".experts") + ".switch_mlp"
         stacked = {}
         for proj in sorted(groups[group]):
             name = f"{stem}.{proj}.weight"
             array = mx.stack([a for _, a in sorted(groups[group][proj], key=lambda pair: pair[0])])
-            stacked[name] = (array, quant_type(name, tuple(array.shape), quantize))
+            stacked[prefix + name] = (array, quant_type(name, tuple(array.shape), quantize))
         if experts == "switch_mlp" or len({kind for _, kind in stacked.values()}) == 1:
-            blobs.append((group, _blob(stacked, per_tensor_metadata=experts == "switch_mlp")))
+            blobs.append((prefix + group, _blob(stacked, per_tensor_metadata=experts == "switch_mlp")))
         else:
             blobs += [(name, _blob({name: tensor})) for name, tensor in stacked.items()]
     return blobs
 
 
-def model_config(quantize: str | None, renderer: str | None, parser: str | None, capabilities: list[str]) -> bytes:
+def model_config(quantize: str | None, renderer: str | None, parser: str | None, capabilities: list[str],
+                 draft: Path | None = None) -> bytes:
     """The config blob: model.ConfigV2 as json.Marshal writes it (its fields in order, omitempty ones left out)."""
     config: dict[str, Any] = {"model_format": "safetensors", "model_family": "", "model_families": None,
                               "model_type": "", "file_type": quantize or ""}
     config |= {key: value for key, value in (("renderer", renderer), ("parser", parser)) if value}
-    config |= {"requires": "0.19.0", "capabilities": capabilities, "architecture": "", "os": ""}
+    config |= {"requires": "0.19.0", "capabilities": capabilities}
+    if draft is not None:
+        architecture = json.loads((draft / "config.json").read_text())["architectures"][0]
+        config["draft"] = {"model_format": "safetensors", "architecture": architecture, "tensor_prefix": "draft.",
+                           "config": "draft/config.json"}
+    config |= {"architecture": "", "os": ""}
     return json.dumps(config, separators=(",", ":")).encode()
 
 
 def write_ollama_model(checkpoint: Path, root: Path, name: str, *, quantize: str | None = None, experts: str = "stacked",
                        renderer: str | None = "qwen3-coder", parser: str | None = "qwen3",
                        capabilities: tuple[str, ...] = ("completion", "tools"), system: str | None = None,
-                       extra_layers: tuple[tuple[str, bytes], ...] = ()) -> OllamaModel:
-    """Write `checkpoint` (a Hugging Face directory) into the Ollama models directory `root` as model `name`.
+                       extra_layers: tuple[tuple[str, bytes], ...] = (), draft: Path | None = None) -> OllamaModel:
+    """Write `checkpoint` (a Hugging Face directory) into the Ollama models directory `root` as model `name`, with
+    the checkpoint `draft` as its draft model.
 
     The defaults for renderer, parser and capabilities are what Ollama's create picks for a qwen3 checkpoint;
     `extra_layers` adds (media type, content) layers after the Modelfile ones.
@@ -199,10 +209,15 @@ def write_ollama_model(checkpoint: Path, root: Path, name: str, *, quantize: str
     layers = [layer(mt.OLLAMA_TENSOR, blob, layer_name) for layer_name, blob in _tensor_blobs(checkpoint, quantize, experts)]
     layers += [layer(mt.OLLAMA_JSON, file.read_bytes(), file.name) for file in sorted(checkpoint.glob("*.json"))
                if file.name != "model.safetensors.index.json"]
+    if draft is not None:
+        layers += [layer(mt.OLLAMA_TENSOR, blob, layer_name)
+                   for layer_name, blob in _tensor_blobs(draft, None, experts, prefix="draft.")]
+        layers += [layer(mt.OLLAMA_JSON, file.read_bytes(), f"draft/{file.name}") for file in sorted(draft.glob("*.json"))
+                   if file.name != "model.safetensors.index.json"]
     if system:
         layers.append(layer(mt.SYSTEM, system.encode()))
     layers += [layer(media_type, data) for media_type, data in extra_layers]
-    config = layer(mt.CONFIG_MEDIA_TYPE, model_config(quantize, renderer, parser, list(capabilities)))
+    config = layer(mt.CONFIG_MEDIA_TYPE, model_config(quantize, renderer, parser, list(capabilities), draft))
     manifest = {"schemaVersion": 2, "mediaType": mt.MANIFEST_MEDIA_TYPE, "config": config, "layers": layers}
     path = model.root.joinpath("manifests", *model.name.parts)
     path.parent.mkdir(parents=True, exist_ok=True)

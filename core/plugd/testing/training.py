@@ -15,6 +15,10 @@ step, so any architecture whose folds and forward pass are differentiable
 trains, and the result saves under the checkpoint's names with nothing to map
 back.
 
+`train_mtp_head` then trains a checkpoint's multi-token-prediction head
+(plugd.nn.mtp) alone, on the model's own hidden states, until it drafts every
+transcript token two ahead: a drafter whose drafts the model accepts.
+
 Training runs in a child process (`python -m plugd.testing.training`) set up
 like a runner: on Linux a system OpenBLAS serves MLX's float32 GEMMs there,
 several times faster than the reference BLAS the mlx-cpu wheel links, and the
@@ -59,6 +63,8 @@ GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.0)
 # Greedy decoding is checked only once every completion token leads the runner-up by this many logits, so that
 # small numerical differences (prefill in chunks, bfloat16 weights on a GPU) cannot flip a choice.
 DEFAULT_MARGIN = 1.0
+# The checkpoint tensors of a multi-token-prediction head, as Qwen3-Next's and Qwen3.5's hold it.
+MTP_PREFIX = "mtp."
 # A shorter memory of squared gradients than Adam's default 0.999: full-batch memorisation then converges in a
 # third of the steps, and as reliably across seeds.
 ADAM_BETAS = (0.9, 0.95)
@@ -181,6 +187,19 @@ def _store(path: Path, cached: Path) -> None:
         shutil.rmtree(partial)
 
 
+def train_mtp_head(path: Path, transcripts: Sequence[Transcript], *, max_steps: int = 600,
+                   learning_rate: float = 1e-2, margin: float = DEFAULT_MARGIN) -> Path:
+    """Train the multi-token-prediction head of the checkpoint in `path` (its MTP_PREFIX tensors; the model's own
+    stay as they are) until it names every completion token after the first, and the end of turn, by `margin`
+    logits, from the model's final hidden states two positions before it and the token between (the head runs
+    over the whole transcript, as over a prompt it drafts after); write it back and return `path`. Train the model
+    first (train_checkpoint) for drafts the model will agree with. Raises TrainingError when the checkpoint has no
+    head, or `max_steps` Adam steps are not enough."""
+    _run_trainer(path, transcripts, head=True, max_steps=max_steps, learning_rate=learning_rate, margin=margin,
+                 betas=ADAM_BETAS)
+    return path
+
+
 def _run_trainer(path: Path, transcripts: Sequence[Transcript], **settings: Any) -> None:
     job = {"path": str(path), "transcripts": [asdict(t) for t in transcripts], **settings}
     done = subprocess.run(
@@ -197,7 +216,7 @@ def main() -> None:
     mx.set_default_device(mx.cpu)
     started = time.perf_counter()
     try:
-        steps = _train(
+        steps = (_train_head if job.get("head") else _train)(
             Path(job["path"]), [Transcript(**t) for t in job["transcripts"]], max_steps=job["max_steps"],
             learning_rate=job["learning_rate"], betas=job["betas"], margin=job["margin"],
         )
@@ -239,6 +258,54 @@ def _train(
         f"(last loss {loss.item():.4f}, least lead of a completion token {least_lead.item():.3f}); "
         "raise max_steps or enlarge the model with overrides"
     )
+
+
+def _train_head(
+    path: Path, transcripts: Sequence[Transcript], *, max_steps: int, learning_rate: float, betas: Sequence[float],
+    margin: float,
+) -> int:
+    """Train the checkpoint's multi-token-prediction head in place; the number of steps it took."""
+    config = json.loads((path / "config.json").read_text())
+    model = load_model(path, importlib.import_module(_architecture(config["model_type"]).module))
+    drafter = model.drafter() if hasattr(model, "drafter") else None
+    if drafter is None:
+        raise TrainingError(f"{path}: the checkpoint has no multi-token-prediction head to train")
+    tok = Tokenizer.from_dir(path)
+    examples = [_example(tok, transcript, _end_of_turn(config), None) for transcript in transcripts]
+    sequences = [mx.array(example.sequence)[None] for example in examples]
+    # The first completion token is the model's to draft; the prompt's tokens are no one's.
+    drafted = [len(example.prompt) - 1 for example in examples]
+    hidden = [model(sequence, return_hidden=True)[1] for sequence in sequences]
+    stored = read_weights(path)
+    frozen = {name: tensor.astype(mx.float32) for name, tensor in stored.items() if not name.startswith(MTP_PREFIX)}
+    head = {name: tensor.astype(mx.float32) for name, tensor in stored.items() if name.startswith(MTP_PREFIX)}
+    mx.eval(hidden, frozen, head)
+
+    def loss(weights: dict[str, mx.array]) -> tuple[mx.array, mx.array]:
+        _apply(model, frozen | weights)
+        total, count, least_lead = mx.array(0.0), 0, mx.array(mx.inf)
+        with traceable():
+            for sequence, states, first in zip(sequences, hidden, drafted, strict=True):
+                logits, _ = drafter(states[:, :-2], sequence[:, 1:-1])  # (h_t, x_t+1) -> x_t+2
+                logits, targets = logits[:, first:], sequence[:, first + 2:]
+                total += nn.losses.cross_entropy(logits, targets, reduction="sum")
+                count += targets.size
+                wanted = mx.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+                others = mx.put_along_axis(logits, targets[..., None], mx.array(-mx.inf, logits.dtype), axis=-1)
+                least_lead = mx.minimum(least_lead, mx.stop_gradient((wanted - others.max(axis=-1)).min()))
+        return total / count, least_lead
+
+    optimizer = optim.Adam(learning_rate, betas=list(betas))
+    loss_and_grad = mx.value_and_grad(loss)
+    for step in range(1, max_steps + 1):
+        (value, least_lead), grads = loss_and_grad(head)
+        mx.eval(value, least_lead, grads)
+        if least_lead.item() >= margin:
+            _save(path, {name: tensor.astype(stored[name].dtype) for name, tensor in (frozen | head).items()})
+            return step
+        head = optimizer.apply_gradients(grads, head)
+    raise TrainingError(f"{path}: the multi-token-prediction head did not learn every transcript within {max_steps} "
+                        f"steps (last loss {value.item():.4f}, least lead {least_lead.item():.3f})")
 
 
 def _architecture(model_type: str) -> Architecture:
