@@ -25,10 +25,16 @@ PARAMETER repeat_penalty 1
 
 
 @pytest.fixture(scope="session")
-def agent_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def trained_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where checkpoints trained in this session are kept (train_checkpoint's `cache_dir`), so that modules training
+    the same one train it once."""
+    return tmp_path_factory.getbasetemp() / "trained-checkpoints"
+
+
+@pytest.fixture(scope="session")
+def agent_checkpoint(tmp_path_factory: pytest.TempPathFactory, trained_checkpoints: Path) -> Path:
     """The tiny checkpoint trained on plugd.testing.transcripts' scenario, trained once per test session."""
-    root = tmp_path_factory.getbasetemp()
-    return train_agent(tmp_path_factory.mktemp("agent") / "checkpoint", cache_dir=root / "trained-checkpoints")
+    return train_agent(tmp_path_factory.mktemp("agent") / "checkpoint", cache_dir=trained_checkpoints)
 
 
 @pytest.fixture(scope="session")

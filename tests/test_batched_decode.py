@@ -74,10 +74,10 @@ class Trained:
 
 
 @pytest.fixture(scope="module", params=sorted(OVERRIDES))
-def trained(request, tmp_path_factory) -> Trained:
+def trained(request, tmp_path_factory, trained_checkpoints) -> Trained:
     model_type = request.param
     path = train_checkpoint(tmp_path_factory.mktemp(model_type) / "model", TRANSCRIPTS, model_type=model_type,
-                            overrides=OVERRIDES[model_type])
+                            overrides=OVERRIDES[model_type], cache_dir=trained_checkpoints)
     model = load_model(Path(path), architecture_module(model_type))
     tokenizer = Tokenizer.from_dir(path)
     width = Engine(model, tokenizer).logits_width

@@ -12,6 +12,7 @@ distribution.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import attrs
@@ -23,7 +24,7 @@ from scipy import stats
 from plugd import plugins
 from plugd.protocol import Completion, GrammarSpec, SamplingParams, TokenEvent
 from plugd.runner.cache_policy import make_policy
-from plugd.runner.drafting import DraftModel
+from plugd.runner.drafting import Drafter, DraftModel, drafter_of
 from plugd.runner.generate import Engine
 from plugd.runner.grammar import Grammars
 from plugd.runner.loading import load_model
@@ -42,7 +43,7 @@ from plugd.testing.decoding import (
     turn,
     words,
 )
-from plugd.testing.training import FAST_OVERRIDES, train_checkpoint
+from plugd.testing.training import FAST_OVERRIDES, train_checkpoint, train_mtp_head
 from plugd.tokenizer import Tokenizer
 
 TARGETS = {
@@ -54,20 +55,29 @@ TARGETS = {
 # A draft a fifth of FAST_OVERRIDES' qwen3 in weights, most of them its tied embedding.
 DRAFT = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 1,
          "num_key_value_heads": 1, "head_dim": 32, "tie_word_embeddings": True}
+# Targets with a multi-token-prediction head of their own (plugd.nn.mtp).
+MTP_TARGETS = {"qwen3_next": {"num_hidden_layers": 2}, "qwen3_5": {"num_hidden_layers": 2}}
 OFF_SCRIPT = turn(words(30, 11))  # a prompt neither model was trained on
 
 
 @attrs.define
 class Pair:
-    target: object
-    trained: DraftModel
-    untrained: DraftModel
+    """A target and two drafters: one that learnt what the target did (`trained`), one that did not. An MTP head
+    belongs to its model, so each drafter has its target (the same but for the head)."""
+
+    targets: dict[str, object]
+    drafters: dict[str, Drafter]
     tokenizer: Tokenizer
     grammars: Grammars
 
-    def engine(self, draft: DraftModel | None, **options) -> Engine:
-        return Engine(self.target, self.tokenizer, prefill_chunk=32, drafter=draft, cache_policy=lambda model:
+    def engine(self, draft: str, drafting: bool = True, **options) -> Engine:
+        return Engine(self.targets[draft], self.tokenizer, prefill_chunk=32,
+                      drafter=self.drafters[draft] if drafting else None, cache_policy=lambda model:
                       make_policy("plugd_prefix_cache.policy:prefix_cache", model), **options)
+
+    def plain(self, draft: str) -> Engine:
+        """An engine on the same target that does not draft."""
+        return self.engine(draft, drafting=False)
 
     def request(self, prompt: str, **fields) -> Completion:
         defaults = {"tokens": self.tokenizer.encode(prompt), "sampling": GREEDY, "num_predict": 40, "num_ctx": 512,
@@ -76,23 +86,32 @@ class Pair:
 
 
 @pytest.fixture(scope="module")
-def drafts(tmp_path_factory) -> dict[str, Path]:
+def drafts(tmp_path_factory, trained_checkpoints) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("drafts")
-    return {"trained": train_checkpoint(root / "trained", TRANSCRIPTS, overrides=DRAFT),
+    return {"trained": train_checkpoint(root / "trained", TRANSCRIPTS, overrides=DRAFT, cache_dir=trained_checkpoints),
             "untrained": write_checkpoint(root / "untrained", "qwen3", seed=3, overrides=DRAFT)}
 
 
-@pytest.fixture(scope="module", params=sorted(TARGETS))
-def pair(request, tmp_path_factory, drafts) -> Pair:
-    model_type = request.param
+@pytest.fixture(scope="module", params=[*(f"{model_type}+draft" for model_type in sorted(TARGETS)),
+                                        *(f"{model_type}+mtp" for model_type in sorted(MTP_TARGETS))])
+def pair(request, tmp_path_factory, trained_checkpoints, drafts) -> Pair:
+    model_type, drafter = request.param.split("+")
+    module = architecture_module(model_type)
+    overrides = (TARGETS if drafter == "draft" else MTP_TARGETS)[model_type]
     path = train_checkpoint(tmp_path_factory.mktemp(model_type) / "model", TRANSCRIPTS, model_type=model_type,
-                            overrides=TARGETS[model_type])
-    qwen3 = architecture_module("qwen3")
-    model, tokenizer = load_model(path, architecture_module(model_type)), Tokenizer.from_dir(path)
-    width = Engine(model, tokenizer).logits_width
+                            overrides=overrides, cache_dir=trained_checkpoints)
+    if drafter == "draft":
+        target, qwen3 = load_model(path, module), architecture_module("qwen3")
+        targets = {"trained": target, "untrained": target}
+        drafters = {name: DraftModel(load_model(drafts[name], qwen3)) for name in drafts}
+    else:  # the body trained, its head as written; then a copy whose head learnt the body's answers
+        trained = train_mtp_head(shutil.copytree(path, path.parent / "head"), TRANSCRIPTS)
+        targets = {"trained": load_model(trained, module), "untrained": load_model(path, module)}
+        drafters = {name: drafter_of(target, None) for name, target in targets.items()}
+    tokenizer = Tokenizer.from_dir(path)
+    width = Engine(targets["trained"], tokenizer).logits_width
     engines = {engine.name: engine.factory for engine in plugins.load().items.get("plugd_grammar_engines", [])}
-    return Pair(model, DraftModel(load_model(drafts["trained"], qwen3)), DraftModel(load_model(drafts["untrained"], qwen3)),
-                tokenizer, Grammars(lambda: GrammarVocabulary.of(tokenizer, width), engines))
+    return Pair(targets, drafters, tokenizer, Grammars(lambda: GrammarVocabulary.of(tokenizer, width), engines))
 
 
 def complete(engine: Engine, request: Completion) -> Outcome:
@@ -115,11 +134,11 @@ def same(outcome: Outcome, expected: Outcome) -> bool:
 
 def test_greedy_output_is_plain_decodings(pair):
     prompts = [t.prompt for t in TRANSCRIPTS] + [OFF_SCRIPT]
-    for draft, name in ((pair.trained, "trained"), (pair.untrained, "untrained")):
-        engine = pair.engine(draft)
+    for name in ("trained", "untrained"):
+        engine = pair.engine(name)
         for prompt in prompts:
             request = pair.request(prompt, sampling=SamplingParams(temperature=0.0))  # Ollama's repeat penalty on
-            assert same(complete(engine, request), complete(pair.engine(None), request)), (name, prompt)
+            assert same(complete(engine, request), complete(pair.plain(name), request)), (name, prompt)
         kept, drafted = engine.speculator.kept, engine.speculator.drafted
         assert drafted > 0
         if name == "trained":
@@ -127,30 +146,30 @@ def test_greedy_output_is_plain_decodings(pair):
 
 
 def test_stops_and_budgets_end_inside_a_round(pair):
-    engine = pair.engine(pair.trained)
+    engine = pair.engine("trained")
     requests = [pair.request(LONG.prompt, stop=["quiet"]),  # a stop string part-way through the answer
                 pair.request(MEDIUM.prompt, num_predict=7),
                 pair.request(SHORT.prompt, num_predict=1),
                 pair.request(OTHER_LONG.prompt)]  # to the end of turn
     for request in requests:
-        assert same(complete(engine, request), complete(pair.engine(None), request)), request.stop or request.num_predict
+        assert same(complete(engine, request), complete(pair.plain("trained"), request)), request.stop or request.num_predict
 
 
 @pytest.mark.parametrize("grammar_engine", ["llguidance", "xgrammar"])
 def test_a_structured_request_drafts_under_its_grammar(pair, grammar_engine):
     request = pair.request(STRUCTURED.prompt)
     mask = pair.grammars.compile(GrammarSpec((grammar_engine,), "json", None)).result()
-    for draft in (pair.trained, pair.untrained):
-        engine = pair.engine(draft)
+    for name in ("trained", "untrained"):
+        engine = pair.engine(name)
         drafting = Outcome(list(engine.complete(request, lambda: False, mask)))
-        plain = Outcome(list(pair.engine(None).complete(request, lambda: False, mask)))
+        plain = Outcome(list(pair.plain(name).complete(request, lambda: False, mask)))
         assert same(drafting, plain) and json.loads(drafting.text)
         assert engine.speculator.drafted > 0
     assert engine.speculator.kept < engine.speculator.drafted  # the untrained draft's guesses were refused
 
 
 def test_rows_join_and_leave_a_drafting_row(pair):
-    engine = pair.engine(pair.trained)
+    engine = pair.engine("trained")
     first, second = pair.request(LONG.prompt), pair.request(MEDIUM.prompt, num_predict=6)
     outcomes = {"first": Outcome(), "second": Outcome()}
     engine.submit(first, lambda e: e is None or outcomes["first"].events.append(e), lambda: False)
@@ -160,38 +179,38 @@ def test_rows_join_and_leave_a_drafting_row(pair):
             engine.submit(second, lambda e: e is None or outcomes["second"].events.append(e), lambda: False)
         engine.step()
         steps += 1
-    assert same(outcomes["first"], complete(pair.engine(None), first))
-    assert same(outcomes["second"], complete(pair.engine(None), second))
+    assert same(outcomes["first"], complete(pair.plain("trained"), first))
+    assert same(outcomes["second"], complete(pair.plain("trained"), second))
 
 
 def test_the_prefix_cache_resumes_the_draft_with_the_target(pair):
-    engine = pair.engine(pair.trained)
+    engine = pair.engine("trained")
     request = pair.request(LONG.prompt)
     polls = iter(range(10**6))
     cancelled = list(engine.complete(request, lambda: next(polls) >= 2))  # cancelled after its first chunks
     assert cancelled[-1].done_reason == "cancel" and 0 < cancelled[-1].prompt_eval_count < len(request.tokens)
     retried = complete(engine, request)
     assert retried.done.prompt_eval_count <= len(request.tokens) - cancelled[-1].prompt_eval_count
-    assert same(retried, complete(pair.engine(None), request))
+    assert same(retried, complete(pair.plain("trained"), request))
     # The next turn resumes after the reply, the draft's caches with the target's.
     answered = [*request.tokens, *retried.tokens, *pair.tokenizer.encode("<|im_end|>")]
     follow_up = pair.request(SHORT.prompt, tokens=answered + pair.tokenizer.encode("\n" + SHORT.prompt))
     resumed = complete(engine, follow_up)
     assert resumed.done.prompt_eval_count <= len(follow_up.tokens) - len(request.tokens)
-    assert same(resumed, complete(pair.engine(None), follow_up))
+    assert same(resumed, complete(pair.plain("trained"), follow_up))
 
 
 def test_a_seeded_request_samples_the_same_text_again(pair):
     sampling = SamplingParams(temperature=3.0, top_k=0, top_p=1.0, seed=11)  # hot enough to leave the script
     request = pair.request(OFF_SCRIPT, sampling=sampling, num_predict=24)
-    once = complete(pair.engine(pair.untrained), request)
-    assert same(complete(pair.engine(pair.untrained), request), once)
+    once = complete(pair.engine("untrained"), request)
+    assert same(complete(pair.engine("untrained"), request), once)
     reseeded = attrs.evolve(request, sampling=attrs.evolve(sampling, seed=12))
-    assert not same(complete(pair.engine(pair.untrained), reseeded), once)
+    assert not same(complete(pair.engine("untrained"), reseeded), once)
 
 
-SAMPLES = 1500
-SAMPLING = SamplingParams(temperature=0.7, top_k=0, top_p=1.0, repeat_penalty=1.0)
+SAMPLES = 800
+SAMPLING = SamplingParams(temperature=0.3, top_k=0, top_p=1.0, repeat_penalty=1.0)
 
 
 def test_sampled_tokens_follow_the_targets_distribution(tmp_path):

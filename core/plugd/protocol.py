@@ -14,7 +14,7 @@ from typing import Any
 
 from attrs import Factory, define, frozen
 
-from plugd.constants import EMBED_BATCH_TOKENS
+from plugd.constants import DRAFT_TOKENS, EMBED_BATCH_TOKENS
 from plugd.runner_api import GrammarRefused
 from plugd.store.sentence_layout import EmbeddingLayout
 from plugd.types import converter
@@ -135,6 +135,7 @@ class Completion:
     top_logprobs: int = 0
     grammar: GrammarSpec | None = None
     truncate: bool = True  # False: a prompt over the context is refused (kind "context_exceeded"), not cut
+    draft_tokens: int = DRAFT_TOKENS  # the most tokens drafted per speculative round, where the model drafts; 0: none
 
 
 @define(kw_only=True)

@@ -70,6 +70,7 @@ class Options:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     stop: list[str] | None = None
+    draft_tokens: int | None = None  # plugd's own: the most tokens drafted per round (0: no speculative decoding)
 
 
 def _option_types() -> dict[str, type]:

@@ -36,8 +36,9 @@ def quantization(path: Path) -> dict:
 
 
 def layer_zero(entries: dict, suffix: str) -> dict | bool | None:
-    """The entry of layer 0's `suffix`, wherever the model nests its layers."""
-    found = [value for key, value in entries.items() if key.endswith(f"layers.0.{suffix}")]
+    """The entry of layer 0's `suffix`, wherever the model nests its layers (not the multi-token-prediction head's,
+    which mlx-lm's conversion drops)."""
+    found = [value for key, value in entries.items() if key.endswith(f"layers.0.{suffix}") and "mtp." not in key]
     assert len(found) <= 1, found
     return found[0] if found else None
 

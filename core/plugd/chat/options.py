@@ -6,6 +6,7 @@ from typing import Any
 
 import attrs
 
+from plugd.constants import DRAFT_TOKENS
 from plugd.protocol import Completion, SamplingParams
 from plugd.types import Options, structure
 
@@ -25,6 +26,7 @@ DEFAULTS: dict[str, Any] = {
     "frequency_penalty": 0.0,
     "seed": None,
     "stop": [],
+    "draft_tokens": DRAFT_TOKENS,
 }
 # The values each option can take (low, high; None: unbounded); Ollama's special values (num_predict and num_keep
 # -1, repeat_last_n -1 for the whole context, a negative seed for a fresh one) lie inside. Counts of tokens stop
@@ -33,7 +35,7 @@ _COUNT = 2**31 - 1
 RANGES: dict[str, tuple[float | None, float | None]] = {
     "num_ctx": (1, _COUNT), "num_batch": (1, _COUNT), "num_predict": (None, _COUNT), "num_keep": (None, _COUNT),
     "repeat_last_n": (-1, _COUNT), "temperature": (0, None), "top_k": (0, _COUNT), "top_p": (0, 1), "min_p": (0, 1),
-    "seed": (None, 2**64 - 1),
+    "seed": (None, 2**64 - 1), "draft_tokens": (0, 16),
 }
 # generation_config.json keys that mean the same as an Ollama option.
 _GENERATION_CONFIG = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
@@ -70,4 +72,4 @@ def completion(options: Options, logprobs: bool, top_logprobs: int, truncate: bo
     sampling = SamplingParams(**{field.name: getattr(options, field.name) for field in attrs.fields(SamplingParams)})
     return Completion(sampling=sampling, num_predict=options.num_predict, num_ctx=options.num_ctx,
                       num_keep=options.num_keep, stop=options.stop or [], logprobs=logprobs,
-                      top_logprobs=top_logprobs, truncate=truncate)
+                      top_logprobs=top_logprobs, truncate=truncate, draft_tokens=options.draft_tokens)

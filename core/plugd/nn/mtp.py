@@ -75,3 +75,97 @@ def drafter(model: nn.Module) -> MTPDrafter | None:
     """The model's own multi-token-prediction drafter; None when its architecture or checkpoint has none."""
     make = getattr(model, "drafter", None)
     return make() if make is not None else None
+
+
+class MTPCache:
+    """A multi-token-prediction head's caches beside the model's, level with them for the cache protocol.
+
+    `hidden` keeps the model's final hidden states, one per position (split in halves as the keys and values of a
+    one-head KV cache, so it trims, spans and batches as one), and every forward pass of the model brings it
+    along. The head's own key/value caches (`head`) hold one entry per pair (h_t, x_t+1), so at most one fewer
+    than the positions; they are brought up to date only when the head drafts (`catch_up`), from the hidden
+    states kept and the tokens fed. So the cache protocol sees only `hidden`: a span restored from a snapshot
+    is recomputed for the head from the hidden states it brings, the next time it drafts.
+    """
+
+    spans = True
+    trimmable = True
+
+    def __init__(self, head: list[KVCache], hidden: KVCache | None = None):
+        self.head = head
+        self.hidden = hidden or KVCache()
+
+    @property
+    def offset(self) -> int:
+        return self.hidden.offset
+
+    @property
+    def trim_floor(self) -> int:
+        return 0
+
+    def store(self, hidden: mx.array) -> mx.array:
+        """Keep the model's final hidden states, (batch, length, size), of the positions it was just fed."""
+        half = hidden.shape[-1] // 2
+        keys, _ = self.hidden.update_and_fetch(hidden[:, None, :, :half], hidden[:, None, :, half:])
+        return keys
+
+    def kept(self, start: int, end: int) -> mx.array:
+        """The hidden states of positions [start, end), (1, end - start, size)."""
+        keys, values = self.hidden.state
+        return mx.concatenate([keys[:, 0, start:end], values[:, 0, start:end]], axis=-1)
+
+    def trim(self, n: int) -> int:
+        n = self.hidden.trim(n)
+        for layer in self.head:
+            layer.trim(max(layer.offset - max(self.offset - 1, 0), 0))
+        return n
+
+    @property
+    def state(self) -> Any:
+        return self.hidden.state, [layer.state for layer in self.head]
+
+    def snapshot(self, start: int = 0, end: int | None = None) -> Any:
+        return self.hidden.snapshot(start, end)
+
+    def restore(self, snapshot: Any) -> None:
+        self.hidden.restore(snapshot)
+
+    @property
+    def nbytes(self) -> int:
+        return self.hidden.nbytes + sum(layer.nbytes for layer in self.head)
+
+    def batch(self) -> BatchMTPCache:
+        return BatchMTPCache(self.hidden.batch())
+
+
+class BatchMTPCache:
+    """MTPCaches of the rows of a batch: the hidden states batched (a batch KV cache), each row's head caches set
+    aside as they were, since a head drafts only for a row that decodes alone."""
+
+    def __init__(self, hidden: Any):
+        self.hidden = hidden
+        self.heads: list[list[KVCache]] = []
+
+    @property
+    def offset(self) -> mx.array:
+        return self.hidden.offset
+
+    def store(self, hidden: mx.array) -> mx.array:
+        half = hidden.shape[-1] // 2
+        keys, _ = self.hidden.update_and_fetch(hidden[:, None, :, :half], hidden[:, None, :, half:])
+        return keys
+
+    def extend(self, caches: list[MTPCache], limits: list[int]) -> None:
+        self.hidden.extend([cache.hidden for cache in caches], limits)
+        self.heads += [cache.head for cache in caches]
+
+    def keep(self, rows: list[int]) -> None:
+        self.hidden.keep(rows)
+        self.heads = [self.heads[r] for r in rows]
+
+    def row(self, r: int) -> MTPCache:
+        return MTPCache(self.heads[r], self.hidden.row(r))
+
+    @property
+    def nbytes(self) -> int:
+        return self.hidden.nbytes + sum(layer.nbytes for head in self.heads for layer in head)

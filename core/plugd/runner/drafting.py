@@ -4,35 +4,77 @@ model that keeps a drafter's caches level with the target's.
 A drafter's caches ride at the end of the model's cache list (`Drafted`), so every forward pass the engine runs
 (prefill chunks, decode steps, a verification) brings them along with the target's, and the cache policies, which
 see one list of caches, trim, snapshot and restore them with the rest: a prompt resumed from a restore point, or
-retried after a cancelled prefill, finds the draft exactly where the target is. The price is the drafter's share
-of every forward pass, drafting or not (a tenth, for a draft a tenth of the target's size).
+retried after a cancelled prefill, finds the draft exactly where the target is. A draft model pays for that with
+its share of every forward pass, drafting or not (a tenth, for a draft a tenth of the target's size); a
+checkpoint's own multi-token-prediction head only keeps the target's hidden states then, and runs over them when
+it drafts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from plugd.constants import PREFILL_CHUNK
+from plugd.nn.mtp import MTPCache, MTPDrafter, drafter
+
+
+class DraftSession(Protocol):
+    def propose(self, token: mx.array) -> mx.array:
+        """Take one (1,) token, drafted or the row's pending one, and give the logits of the position after it,
+        (vocab,), lazy."""
+
+    def end(self) -> None:
+        """Put the drafter's caches back where the session began: the verifying pass feeds it the same tokens."""
+
 
 class Drafter(Protocol):
     weight_bytes: int  # what its parameters hold: next to the target's, what a drafted token costs
+    wants_hidden: bool  # `follow` takes the target's final hidden states
 
     def make_cache(self) -> list[Any]:
         """The drafter's caches, which follow the cache protocol (plugd.nn.cache) as the target's do."""
 
-    def follow(self, tokens: mx.array, cache: list[Any]) -> mx.array:
-        """Bring `cache` along over `tokens` (batch, length), which the target has just been fed; lazy. What it
-        returns is evaluated whenever the target's logits are, so the caches never fall behind."""
+    def follow(self, tokens: mx.array, hidden: mx.array | None, cache: list[Any]) -> mx.array:
+        """Bring `cache` along over `tokens` (batch, length), which the target has just been fed (and `hidden`,
+        its final hidden states there, where the drafter wants them); lazy. What it returns is evaluated
+        whenever the target's logits are, so the caches never fall behind."""
 
-    def propose(self, token: mx.array, cache: list[Any]) -> mx.array:
-        """Feed one (1,) token and give the drafter's logits for the position after it, (vocab,), lazy."""
+    def session(self, cache: list[Any], fed: Sequence[int]) -> DraftSession:
+        """Drafting for one round, from caches level with the target's over the tokens `fed`."""
+
+
+class Checkpoint:
+    """Where a list of caches stood, to go back to after a speculative forward pass: a layer that can trim back
+    trims, one that cannot takes back a snapshot taken here."""
+
+    def __init__(self, layers: list[Any]):
+        self.offsets = [layer.offset for layer in layers]
+        self._saved = [None if layer.trimmable else layer.snapshot() for layer in layers]
+
+    def keep(self, layers: list[Any], positions: int) -> bool:
+        """Bring each layer to `positions` past the checkpoint. When a layer cannot, every layer goes back to the
+        checkpoint itself and False says that the kept positions must be fed again."""
+        if all(layer.trim_floor <= start + positions for layer, start in zip(layers, self.offsets, strict=True)):
+            for layer, start in zip(layers, self.offsets, strict=True):
+                layer.trim(layer.offset - start - positions)
+            return True
+        for layer, start, saved in zip(layers, self.offsets, self._saved, strict=True):
+            if layer.trimmable:
+                layer.trim(layer.offset - start)
+            else:
+                layer.restore(saved)
+        return False
 
 
 class DraftModel:
     """A smaller model with the target's vocabulary drafts for it."""
+
+    wants_hidden = False
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -41,11 +83,67 @@ class DraftModel:
     def make_cache(self) -> list[Any]:
         return self.model.make_cache()
 
-    def follow(self, tokens: mx.array, cache: list[Any]) -> mx.array:
+    def follow(self, tokens: mx.array, hidden: mx.array | None, cache: list[Any]) -> mx.array:
         return self.model(tokens, cache=cache)[:, -1]
 
-    def propose(self, token: mx.array, cache: list[Any]) -> mx.array:
-        return self.model(token.reshape(1, 1), cache=cache)[0, -1]
+    def session(self, cache: list[Any], fed: Sequence[int]) -> DraftSession:
+        return _ModelSession(self.model, cache)
+
+
+class _ModelSession:
+    def __init__(self, model: nn.Module, cache: list[Any]):
+        self.model, self.cache, self.start = model, cache, Checkpoint(cache)
+
+    def propose(self, token: mx.array) -> mx.array:
+        return self.model(token.reshape(1, 1), cache=self.cache)[0, -1]
+
+    def end(self) -> None:
+        self.start.keep(self.cache, 0)
+
+
+class HeadDraft:
+    """A checkpoint's own multi-token-prediction head (plugd.nn.mtp) drafts for its model: the first token from
+    the model's last hidden state and the row's pending token, each next one from the head's own hidden state
+    and the token it drafted last."""
+
+    wants_hidden = True
+
+    def __init__(self, head: MTPDrafter, size: int):
+        """`size`: the bytes the head's own layers hold."""
+        self.head, self.weight_bytes = head, size
+
+    def make_cache(self) -> list[Any]:
+        return [MTPCache(self.head.make_cache())]
+
+    def follow(self, tokens: mx.array, hidden: mx.array | None, cache: list[Any]) -> mx.array:
+        return cache[0].store(hidden)
+
+    def session(self, cache: list[Any], fed: Sequence[int]) -> DraftSession:
+        (mtp,) = cache
+        self._catch_up(mtp, fed)
+        return _HeadSession(self.head, mtp)
+
+    def _catch_up(self, mtp: MTPCache, fed: Sequence[int]) -> None:
+        """Run the head over the pairs (h_t, x_t+1) it has not seen, a prefill chunk at a time."""
+        for start in range(mtp.head[0].offset, mtp.offset - 1, PREFILL_CHUNK):
+            end = min(start + PREFILL_CHUNK, mtp.offset - 1)
+            self.head(mtp.kept(start, end), mx.array(fed[start + 1 : end + 1], mx.int32)[None], mtp.head)
+
+
+class _HeadSession:
+    def __init__(self, head: MTPDrafter, mtp: MTPCache):
+        self.head, self.mtp = head, mtp
+        self.last = mtp.kept(mtp.offset - 1, mtp.offset)
+        self.start = mtp.head[0].offset
+
+    def propose(self, token: mx.array) -> mx.array:
+        logits, hidden = self.head(self.last, token.reshape(1, 1), self.mtp.head)
+        self.last = hidden[:, -1:]
+        return logits[0, -1]
+
+    def end(self) -> None:
+        for layer in self.mtp.head:
+            layer.trim(layer.offset - self.start)
 
 
 class Drafted:
@@ -62,8 +160,11 @@ class Drafted:
     def __call__(self, tokens: mx.array, cache: list[Any] | None = None, **kwargs: Any) -> mx.array:
         if cache is None:
             return self.target(tokens, **kwargs)
-        logits = self.target(tokens, cache=self.own(cache), **kwargs)
-        return mx.depends(logits, self.drafter.follow(tokens, self.drafts(cache)))
+        if self.drafter.wants_hidden:
+            logits, hidden = self.target(tokens, cache=self.own(cache), return_hidden=True, **kwargs)
+        else:
+            logits, hidden = self.target(tokens, cache=self.own(cache), **kwargs), None
+        return mx.depends(logits, self.drafter.follow(tokens, hidden, self.drafts(cache)))
 
     def own(self, cache: list[Any]) -> list[Any]:
         """The target's caches of a list `make_cache` made."""
@@ -75,6 +176,15 @@ class Drafted:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.target, name)
+
+
+def drafter_of(model: nn.Module, draft: nn.Module | None) -> Drafter | None:
+    """What drafts for `model`: its `draft` model, else its checkpoint's own multi-token-prediction head; None
+    when it has neither."""
+    if draft is not None:
+        return DraftModel(draft)
+    head = drafter(model)
+    return None if head is None else HeadDraft(head, weight_bytes(head.head))
 
 
 def weight_bytes(module: nn.Module) -> int:

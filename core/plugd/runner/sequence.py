@@ -123,6 +123,11 @@ class Sequence:
     def mask(self) -> TokenMask | None:
         return self._mask
 
+    def fed_tokens(self) -> list[int]:
+        """The token ids of the positions its caches hold, and of the one it feeds next (cache keys are not ids
+        where images are)."""
+        return [*self.prompt.tokens, *self.held[len(self.prompt.keys) :]]
+
     @property
     def more(self) -> bool:
         """Whether the step after the pending token's may run: the budget has room past it."""

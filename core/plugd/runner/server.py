@@ -43,6 +43,8 @@ from PIL import Image
 from plugd import protocol
 from plugd.protocol import DAEMON_PID_VARIABLE, ErrorEvent, RunnerConfig, RunnerEvent, event_line
 from plugd.runner.cache_policy import make_policy
+from plugd.runner.draft import load_draft
+from plugd.runner.drafting import drafter_of
 from plugd.runner.embed import Embedder
 from plugd.runner.errors import CHECKPOINT_REFUSED, FAILURE, CheckpointError
 from plugd.runner.generate import Engine, prompt_limit
@@ -86,9 +88,11 @@ class ModelHost:
         log.info("cache policy %s%s", config.cache_policy, "" if budget is None else f", budget {budget} bytes")
         log.info("%d completion(s) at once", config.num_parallel)
         agree = {} if self.group is None else {"agree": self.group.agree}
+        # A group decodes plainly: its ranks would have to agree on every round's kept tokens too.
+        drafter = None if self.group is not None else drafter_of(model, load_draft(model_dir, config.draft_module))
         return Engine(model, Tokenizer.from_dir(model_dir), cache_policy=lambda m: make_policy(config.cache_policy, m,
                       budget), one_at_a_time=config.num_parallel == 1, burst_chunks=config.num_parallel,
-                      **agree)
+                      drafter=drafter, **agree)
 
     def memory(self) -> dict[str, int]:
         return {

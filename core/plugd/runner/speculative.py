@@ -22,10 +22,9 @@ from typing import Any
 
 import mlx.core as mx
 
-from plugd.runner.drafting import Drafted
+from plugd.runner.drafting import Checkpoint, Drafted, DraftSession
 from plugd.runner.sequence import Sequence
 
-MAX_DEPTH = 8  # the most tokens drafted in one round
 # What drafting costs beyond the drafter's own steps, per drafted token, as a share of a plain decode step: the
 # target scores one more position in its verifying pass (about free where a step is bound by reading the weights).
 VERIFY_COST = 0.05
@@ -40,7 +39,7 @@ class DraftDepth:
     token costs next to a plain step. It depends on nothing but the row's own rounds, so a seeded request drafts
     (and so samples) the same way every time."""
 
-    def __init__(self, cost: float, limit: int = MAX_DEPTH):
+    def __init__(self, cost: float, limit: int):
         self.cost, self.limit = cost, limit
         self.acceptance = ACCEPTANCE_PRIOR
         self._since_probe = 0
@@ -66,29 +65,6 @@ class DraftDepth:
         return tokens / (1 + depth * (self.cost + VERIFY_COST))
 
 
-class Checkpoint:
-    """Where a list of caches stood before a speculative forward pass, to go back to once the kept tokens are
-    known: a layer that can trim back trims, one that cannot takes back a snapshot taken here."""
-
-    def __init__(self, layers: list[Any]):
-        self.offsets = [layer.offset for layer in layers]
-        self._saved = [None if layer.trimmable else layer.snapshot() for layer in layers]
-
-    def keep(self, layers: list[Any], positions: int) -> bool:
-        """Bring each layer to `positions` past the checkpoint. When a layer cannot, every layer goes back to the
-        checkpoint itself and False says that the kept positions must be fed again."""
-        if all(layer.trim_floor <= start + positions for layer, start in zip(layers, self.offsets, strict=True)):
-            for layer, start in zip(layers, self.offsets, strict=True):
-                layer.trim(layer.offset - start - positions)
-            return True
-        for layer, start, saved in zip(layers, self.offsets, self._saved, strict=True):
-            if layer.trimmable:
-                layer.trim(layer.offset - start)
-            else:
-                layer.restore(saved)
-        return False
-
-
 class Speculator:
     """Runs speculative rounds for a lone row whose caches are single-sequence ones (plugd.nn.cache)."""
 
@@ -106,7 +82,8 @@ class Speculator:
         mask = sequence.mask
         if room < 1 or mask is not None and not (mask.active and mask.rolls_back):
             return 0
-        return self._depths.setdefault(sequence, DraftDepth(self.cost)).choose(room)
+        limit = sequence.request.draft_tokens
+        return self._depths.setdefault(sequence, DraftDepth(self.cost, limit)).choose(room) if limit else 0
 
     def forget(self, sequence: Sequence) -> None:
         self._depths.pop(sequence, None)
@@ -123,8 +100,9 @@ class Speculator:
         if sequence.structured and reading_first and sequence.read(True, eos_ids):
             self.model(first[None], cache=layers)
             return 1
-        start, drafts = Checkpoint(layers), self.model.drafts(layers)
-        drafted, draft_scores, allowed = self._draft(sequence, first, Checkpoint(drafts), drafts, depth, eos_ids)
+        start = Checkpoint(layers)
+        session = self.model.drafter.session(self.model.drafts(layers), sequence.fed_tokens())
+        drafted, draft_scores, allowed = self._draft(sequence, first, session, depth, eos_ids)
         fed = mx.concatenate([first, drafted])
         kept, candidates, after = sequence.verified(self.model(fed[None], cache=layers)[0], drafted, draft_scores,
                                                     allowed)
@@ -145,18 +123,17 @@ class Speculator:
             self.model(fed[None, : 1 + read], cache=layers)
         return 1 + read
 
-    def _draft(self, sequence: Sequence, first: mx.array, start: Checkpoint, layers: list[Any], depth: int,
-               eos_ids: frozenset[int]) -> tuple[mx.array, mx.array, mx.array | None]:
+    def _draft(self, sequence: Sequence, first: mx.array, session: DraftSession, depth: int, eos_ids: frozenset[int],
+               ) -> tuple[mx.array, mx.array, mx.array | None]:
         """Up to `depth` tokens drawn one after another from the drafter after `first`, the scores each was drawn
         from (the row's sampling applied to the drafter's logits), lazy, and under a grammar each position's mask,
-        that of the position after the last drafted one included (fewer tokens where a stop token was drawn). The
-        drafter's caches go back to `start` after, since the verifying pass feeds it the same tokens."""
+        that of the position after the last drafted one included (fewer tokens where a stop token was drawn)."""
         mask = sequence.mask
         tokens, scores, masks = [], [], []
         token = first
         for _ in range(depth):
             allowed = None if mask is None else mask.allowed()
-            logits = self._fit(self.model.drafter.propose(token, layers))
+            logits = self._fit(session.propose(token))
             following = mx.concatenate(tokens) if tokens else mx.zeros((0,), mx.int32)
             position = sequence.sampler.scored(logits, following, allowed)[1]
             token = sequence.sampler.choose(position)[None]
@@ -170,7 +147,7 @@ class Speculator:
         if mask is not None:
             masks.append(masks[-1] if token.item() in eos_ids else mask.allowed())
             mask.rollback(len(tokens))
-        start.keep(layers, 0)
+        session.end()
         return mx.concatenate(tokens), mx.stack(scores), None if mask is None else mx.stack(masks)
 
     def _fit(self, logits: mx.array) -> mx.array:
