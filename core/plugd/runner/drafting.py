@@ -33,6 +33,7 @@ class DraftSession(Protocol):
 
 
 class Drafter(Protocol):
+    kind: str  # what drafts, in a word or two: a status line says it
     weight_bytes: int  # what its parameters hold: next to the target's, what a drafted token costs
     wants_hidden: bool  # `follow` takes the target's final hidden states
 
@@ -74,6 +75,7 @@ class Checkpoint:
 class DraftModel:
     """A smaller model with the target's vocabulary drafts for it."""
 
+    kind = "draft model"
     wants_hidden = False
 
     def __init__(self, model: nn.Module):
@@ -106,6 +108,7 @@ class HeadDraft:
     the model's last hidden state and the row's pending token, each next one from the head's own hidden state
     and the token it drafted last."""
 
+    kind = "mtp head"
     wants_hidden = True
 
     def __init__(self, head: MTPDrafter, size: int):

@@ -310,9 +310,11 @@ async def status(request: Request) -> dict[str, Any]:
     cache = {} if host.engine is None else {"cache": host.engine.cache.stats() | {
         "live_bytes": host.engine.live_bytes()}}
     group = {"group": host.ranks} if host.ranks else {}
+    speculator = None if host.engine is None else host.engine.speculator
+    drafting = {} if speculator is None else {"drafting": speculator.stats()}
     return {"status": "ready", "load_seconds": host.load_seconds, "memory": host.memory(),
             "device": mx.default_device().type.name, "float_bytes": compute_dtype().size} | cache | group | \
-        _working_set()
+        drafting | _working_set()
 
 
 def _working_set() -> dict[str, int]:

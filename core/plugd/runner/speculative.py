@@ -85,6 +85,10 @@ class Speculator:
         limit = sequence.request.draft_tokens
         return self._depths.setdefault(sequence, DraftDepth(self.cost, limit)).choose(room) if limit else 0
 
+    def stats(self) -> dict[str, Any]:
+        """What drafts, and the tokens drafted and kept so far, for a status line."""
+        return {"drafter": self.model.drafter.kind, "drafted": self.drafted, "kept": self.kept}
+
     def forget(self, sequence: Sequence) -> None:
         self._depths.pop(sequence, None)
 

@@ -122,7 +122,8 @@ async def ps(request: Request, services: Services) -> dict[str, Any]:
             "size_vram": entry.size if status.get("device") == "gpu" else 0,  # MLX runs a model on one device
             "context_length": entry.num_ctx,
         } | ({"prompt_cache": status["cache"]} if "cache" in status else {})
-          | ({"group": status["group"]} if "group" in status else {}))
+          | ({"group": status["group"]} if "group" in status else {})
+          | ({"drafting": status["drafting"]} if "drafting" in status else {}))
     return {"models": models}
 
 
