@@ -200,14 +200,15 @@ def check_token_counts(engine: str, runs: list[dict[str, Any]], prompt_len: int,
 # ---- processes --------------------------------------------------------------------------------------------------------
 
 @contextmanager
-def plugd_server(models: Path, model_dir: Path, name: str, env: dict[str, str] | None = None) -> Iterator[LiveServer]:
-    """A `plugd serve` on a free port (`env` added to its environment) with `model_dir` imported as `name`; stops it
-    and its runners afterwards."""
+def plugd_server(models: Path, model_dir: Path, name: str, env: dict[str, str] | None = None,
+                 draft: Path | None = None) -> Iterator[LiveServer]:
+    """A `plugd serve` on a free port (`env` added to its environment) with `model_dir` imported as `name` (with the
+    draft model in `draft`); stops it and its runners afterwards."""
     models.mkdir(parents=True, exist_ok=True)
     server = LiveServer(models, env={"PLUGD_KEEP_ALIVE": "-1", "PLUGD_LOG_LEVEL": "WARNING"} | (env or {}), timeout=60)
     runners: set[int] = set()
     try:
-        server.cli("create", name, "--from", str(model_dir), check=True)
+        server.cli("create", name, "--from", str(model_dir), *(["--draft", str(draft)] if draft else []), check=True)
         yield server
         runners.update(server.runner_pids())
     finally:
@@ -315,9 +316,10 @@ def mlx_server_generate(url: str, prompt: str, max_tokens: int) -> dict[str, Any
 class MlxPeer:
     """mlx-lm in a child process (OpenBLAS preloaded, like plugd's runner), driven by JSON lines (bench/mlx_peer.py)."""
 
-    def __init__(self, model_dir: Path):
+    def __init__(self, model_dir: Path, draft_dir: Path | None = None):
         self.process = subprocess.Popen(
-            [sys.executable, str(BENCH_DIR / "mlx_peer.py"), str(model_dir)], env=openblas_env(), text=True,
+            [sys.executable, str(BENCH_DIR / "mlx_peer.py"), str(model_dir), *([str(draft_dir)] if draft_dir else [])],
+            env=openblas_env(), text=True,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=_die_with_parent,
         )
         try:
