@@ -131,7 +131,8 @@ def report(summary: dict[str, dict[str, dict[str, float]]], quick: bool) -> None
         best = max((figures["decode_client"], engine) for engine, figures in engines.items() if engine.startswith("mlx"))
         target = 1.6 if plugd["acceptance"] >= 0.8 else 0.95
         ratio = plugd["decode_client"] / plain
-        print(f"ratio {pair} plugd drafting/plain {ratio:5.2f} at {plugd['acceptance']:.0%} acceptance  "
+        accepted = "nothing drafted" if plugd["acceptance"] != plugd["acceptance"] else f"{plugd['acceptance']:.0%} kept"
+        print(f"ratio {pair} plugd drafting/plain {ratio:5.2f} ({accepted})  "
               f"(target >= {target:.2f}) {'OK' if ratio >= target else 'BELOW TARGET'}")
         ratio = plugd["decode_client"] / best[0]
         print(f"ratio {pair} plugd drafting/{best[1]} (mlx-lm's best) {ratio:5.2f}  "

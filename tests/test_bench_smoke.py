@@ -32,6 +32,8 @@ BENCH = Path(__file__).parents[1] / "bench"
         ("distributed.py", [r"ratio prefill group/one process", r"ratio decode group/one process",
                             r"ratio rank 0 load peak/weights", r"ratio rank 1 load peak/weights",
                             r"ratio rank 1 peak RSS/one process's"]),
+        ("speculative.py", [r"ratio agreeing plugd drafting/plain", r"ratio disagreeing plugd drafting/plain",
+                            r"ratio agreeing plugd drafting/mlx-lm speculative k=\d \(mlx-lm's best\)"]),
         ("concurrency.py", [r"ratio aggregate decode at 4 streams plugd/plugd single stream",
                             r"ratio aggregate decode at 4 streams plugd/mlx_lm.server",
                             r"ratio TTFT p99 at 4 streams plugd/mlx_lm.server"]),
