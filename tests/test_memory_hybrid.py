@@ -128,9 +128,10 @@ def kinds(model_type: str) -> list[str]:
 
 
 def test_what_each_layer_caches():
-    """Nemotron-H's 'ME*M-M' has one attention layer among six; Qwen3.5's four layers alternate linear and full;
-    Gemma 4's last two layers share earlier layers' keys and values."""
+    """Nemotron-H's 'ME*M-M' has one attention layer among six; Qwen3.5's four layers alternate linear and full,
+    and its multi-token-prediction head keeps something at every position too; Gemma 4's last two layers share
+    earlier layers' keys and values."""
     assert kinds("nemotron_h") == ["recurrent", "stateless", "full", "recurrent", "stateless", "recurrent"]
-    assert kinds("qwen3_5") == ["recurrent", "full", "recurrent", "full"]
+    assert kinds("qwen3_5") == ["recurrent", "full", "recurrent", "full", "full"]
     assert kinds("gemma4_text") == ["sliding", "sliding", "full", "sliding", "stateless", "stateless"]
     assert kinds("gemma3_text") == ["sliding", "full"] * 2

@@ -36,14 +36,19 @@ def layer_types(text: Mapping[str, Any]) -> tuple[str, ...]:
 
 def hybrid_layers(config: Mapping[str, Any]) -> list[LayerCache]:
     """Qwen3-Next and Qwen3.5: each Gated DeltaNet layer keeps a convolution window and a float32 state of value
-    heads x key dimension; each full-attention layer keys and values."""
+    heads x key dimension; each full-attention layer keys and values. Where the config announces a
+    multi-token-prediction head, what it drafts from: the model's final hidden state at each position, and its
+    own layers' keys and values (plugd.nn.mtp.MTPCache; counted though the checkpoint may lack the head)."""
     keys = config["linear_num_key_heads"] * config["linear_key_head_dim"]
     values = config["linear_num_value_heads"] * config["linear_value_head_dim"]
     kernel = config.get("linear_conv_kernel_dim", 4)
     linear = LayerCache(state=(kernel - 1) * (2 * keys + values),
                         state_float32=values * config["linear_key_head_dim"])
     attention = attention_cache(config)
-    return [linear if kind == LINEAR else attention for kind in layer_types(config)]
+    layers = [linear if kind == LINEAR else attention for kind in layer_types(config)]
+    if heads := config.get("mtp_num_hidden_layers", config.get("num_nextn_predict_layers", 0)):
+        layers.append(LayerCache(config["hidden_size"] + heads * attention.per_position))
+    return layers
 
 
 @dataclass(frozen=True)
