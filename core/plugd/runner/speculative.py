@@ -25,9 +25,11 @@ import mlx.core as mx
 from plugd.runner.drafting import Checkpoint, Drafted, DraftSession
 from plugd.runner.sequence import Sequence
 
-# What drafting costs beyond the drafter's own steps, per drafted token, as a share of a plain decode step: the
-# target scores one more position in its verifying pass (about free where a step is bound by reading the weights).
-VERIFY_COST = 0.05
+# What the verifying pass costs beyond a plain decode step, as shares of one: a part for scoring more than one
+# position and a part per drafted token. Where a step is bound by reading the weights (a GPU) both are small; on a
+# CPU the pass leaves matrix-vector kernels for matrix-matrix ones (bench/decode.py's model: 1.28x a plain step
+# for 2 positions, 1.45x for 5, 1.89x for 9).
+VERIFY_COST = {"cpu": (0.2, 0.1), "gpu": (0.02, 0.02)}
 PROBE_EVERY = 32  # while drafting does not pay, a round of depth 1 every this many tokens measures it again
 ACCEPTANCE_PRIOR = 0.6  # what a row's acceptance is taken to be before its first round
 ACCEPTANCE_WEIGHT = 0.3  # the weight of the latest round in a row's acceptance
@@ -39,8 +41,8 @@ class DraftDepth:
     token costs next to a plain step. It depends on nothing but the row's own rounds, so a seeded request drafts
     (and so samples) the same way every time."""
 
-    def __init__(self, cost: float, limit: int):
-        self.cost, self.limit = cost, limit
+    def __init__(self, cost: float, limit: int, verify: tuple[float, float]):
+        self.cost, self.limit, self.verify = cost, limit, verify
         self.acceptance = ACCEPTANCE_PRIOR
         self._since_probe = 0
 
@@ -62,7 +64,8 @@ class DraftDepth:
     def _gain(self, depth: int) -> float:
         """Expected tokens per round over its cost, in plain steps: a round emits 1 + a + ... + a^depth tokens."""
         tokens = sum(self.acceptance**i for i in range(depth + 1))
-        return tokens / (1 + depth * (self.cost + VERIFY_COST))
+        fixed, per_token = self.verify
+        return tokens / (1 + depth * (self.cost + per_token) + (fixed if depth else 0))
 
 
 class Speculator:
@@ -83,7 +86,10 @@ class Speculator:
         if room < 1 or mask is not None and not (mask.active and mask.rolls_back):
             return 0
         limit = sequence.request.draft_tokens
-        return self._depths.setdefault(sequence, DraftDepth(self.cost, limit)).choose(room) if limit else 0
+        if not limit:
+            return 0
+        verify = VERIFY_COST[mx.default_device().type.name]
+        return self._depths.setdefault(sequence, DraftDepth(self.cost, limit, verify)).choose(room)
 
     def stats(self) -> dict[str, Any]:
         """What drafts, and the tokens drafted and kept so far, for a status line."""
