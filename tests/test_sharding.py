@@ -8,13 +8,19 @@ dense MLP), Nemotron-H (Mamba2 by heads and groups), a quantized checkpoint, and
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from plugd.protocol import PIPELINE, TENSOR, stage_layers
+from plugd.runner.loading import chosen_split
 from plugd.runner.quantize import quantize_checkpoint
 from plugd.scheduler.runner_group import Hosts, free_ports
 from plugd.settings import Settings
@@ -22,45 +28,90 @@ from plugd.testing.architectures import architecture_module
 from plugd.testing.checkpoints import write_checkpoint
 
 SCRIPT = """
-import importlib, sys
+import importlib, json, sys
 import mlx.core as mx
 from plugd.runner.errors import CheckpointError
 from plugd.runner.loading import load_model
 
+PROMPTS = ([5, 9, 30, 44, 7, 100, 3, 8], [12, 6, 77, 2, 19])
+
+
+def read_bytes():
+    return int(next(line for line in open("/proc/self/io") if line.startswith("rchar")).split()[1])
+
+
+def logits(model):
+    # As the engine runs it: each prompt prefilled in two chunks whose caches alone are evaluated, its last token
+    # decoded, then both decoded together as one batch; each forward pass evaluated before the next.
+    caches, outputs = [], []
+    for prompt in PROMPTS:
+        cache = model.make_cache()
+        for chunk in (prompt[:3], prompt[3:-1]):
+            model(mx.array([chunk], mx.int32), cache=cache)
+            mx.eval([layer.state for layer in cache])
+        outputs.append(model(mx.array([prompt[-1:]], mx.int32), cache=cache))
+        mx.eval(outputs[-1])
+        caches.append(cache)
+    batch = [layer.batch() for layer in caches[0]]
+    for layer, *rows in zip(batch, *caches):
+        layer.extend(rows, [64] * len(rows))
+    outputs.append(model(mx.array([[11], [13]], mx.int32), cache=batch))
+    mx.eval(outputs[-1])
+    return outputs
+
+
 group = mx.distributed.init(backend="ring", strict=True)
 module = importlib.import_module(sys.argv[1])
-outputs = []
+report = {"rank": group.rank()}
 try:
+    results = []
     for split in (None, group):
-        model = load_model(sys.argv[2], module, group=split)
-        cache = model.make_cache()
-        prompt = model(mx.array([[5, 9, 30, 44, 7, 100, 3, 8]], mx.int32), cache=cache)
-        step = model(mx.array([[11]], mx.int32), cache=cache)
-        mx.eval(prompt, step)
-        outputs.append((prompt, step))
+        before = read_bytes()
+        model = load_model(sys.argv[2], module, group=split, split=sys.argv[3] if len(sys.argv) > 3 else None)
+        report["read" if split else "read_whole"] = read_bytes() - before
+        results.append(logits(model))
+    report["difference"] = max(mx.abs(a - b).max().item() for a, b in zip(*results))
 except CheckpointError as refused:
-    print(f"rank {group.rank()} refused: {refused}", flush=True)
-    sys.exit(0)
-difference = max(mx.abs(a - b).max().item() for a, b in zip(*outputs))
-print(f"rank {group.rank()} difference {difference:.3g}", flush=True)
+    report["refused"] = str(refused)
+print("report", json.dumps(report), flush=True)
 """
 
 
-def run_ranks(tmp_path: Path, checkpoint: Path) -> str:
-    """What two ranks print loading `checkpoint` split and whole, and comparing the two."""
+def run_ranks(tmp_path: Path, checkpoint: Path, split: str | None = None) -> list[dict]:
+    """What each of two ranks reports loading `checkpoint` whole and split (as `split` says, or as the model
+    declares): the largest difference of their logits, the bytes read from files for each load, or the refusal."""
     model_type = json.loads((checkpoint / "config.json").read_text())["model_type"]
     script = tmp_path / "ranks.py"
     script.write_text(SCRIPT)
     launcher = shutil.which("mlx.launch", path=str(Path(sys.executable).parent))
-    result = subprocess.run([launcher, "--backend", "ring", "-n", "2", "--starting-port", str(free_ports(2)),
-                             "--python", sys.executable, str(script), architecture_module(model_type).__name__,
-                             str(checkpoint)],
-                            capture_output=True, text=True, timeout=300)
-    return result.stdout + result.stderr
+    command = [launcher, "--backend", "ring", "-n", "2", "--starting-port", str(free_ports(2)), "--python",
+               sys.executable, str(script), architecture_module(model_type).__name__, str(checkpoint),
+               *([split] if split else [])]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as ranks:
+        try:
+            stdout, stderr = ranks.communicate(timeout=300)
+        except subprocess.TimeoutExpired:  # ranks that wait for each other for ever: the launcher's and theirs
+            os.killpg(ranks.pid, signal.SIGKILL)
+            stdout, stderr = ranks.communicate()
+    reports = [json.loads(line.split(maxsplit=1)[1]) for line in stdout.splitlines() if line.startswith("report ")]
+    assert sorted(report["rank"] for report in reports) == [0, 1], stdout + stderr
+    return sorted(reports, key=lambda report: report["rank"])
 
 
-def differences(output: str) -> list[float]:
-    return [float(line.split()[-1]) for line in output.splitlines() if " difference " in line]
+def differences(reports: list[dict]) -> list[float]:
+    assert all("difference" in report for report in reports), reports
+    return [report["difference"] for report in reports]
+
+
+def checkpoint_tensors(checkpoint: Path) -> dict[str, dict]:
+    """Each tensor's dtype, shape and place in its file, by name, as the safetensors headers give them."""
+    tensors = {}
+    for file in checkpoint.glob("*.safetensors"):
+        with file.open("rb") as f:
+            tensors |= json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    tensors.pop("__metadata__", None)
+    return tensors
 
 
 @pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_5_moe", "gemma3_text", "gemma3", "gemma4_text", "gemma4_text_moe",
@@ -69,24 +120,50 @@ def test_a_model_splits_across_two_ranks(tmp_path, kind):
     # Its full-attention layers' one key-and-value head would not split; two do.
     overrides = {"num_global_key_value_heads": 2} if kind == "gemma4_text_moe" else None
     checkpoint = write_checkpoint(tmp_path / kind, kind, seed=2, overrides=overrides)
-    output = run_ranks(tmp_path, checkpoint)
-    assert len(differences(output)) == 2, output
-    assert max(differences(output)) < 1e-4, output
+    reports = run_ranks(tmp_path, checkpoint)
+    assert max(differences(reports)) < 1e-4
 
 
 def test_a_quantized_checkpoint_splits_across_two_ranks(tmp_path):
     quantized = tmp_path / "q4"
     quantize_checkpoint(write_checkpoint(tmp_path / "qwen3", "qwen3", seed=2), quantized,
                         architecture_module("qwen3"), bits=4, group_size=32)
-    output = run_ranks(tmp_path, quantized)
-    assert len(differences(output)) == 2, output
-    assert max(differences(output)) < 1e-4, output
+    reports = run_ranks(tmp_path, quantized)
+    assert max(differences(reports)) < 1e-4
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "gemma3_text", "nemotron_h"])
+def test_a_model_splits_into_a_pipeline_over_two_ranks(tmp_path, kind):
+    checkpoint = write_checkpoint(tmp_path / kind, kind, seed=2)
+    reports = run_ranks(tmp_path, checkpoint, PIPELINE)
+    assert max(differences(reports)) < 1e-5
+    layers: dict[int, int] = {}  # the bytes of each layer's tensors in the files
+    for name, tensor in checkpoint_tensors(checkpoint).items():
+        if match := re.search(r"layers\.(\d+)\.", name):
+            layers[int(match[1])] = layers.get(int(match[1]), 0) + tensor["data_offsets"][1] - tensor["data_offsets"][0]
+    for report in reports:
+        others = sum(size for layer, size in layers.items() if layer not in stage_layers(len(layers), 2, report["rank"]))
+        # Less than a layer's bytes of noise: reading /proc itself counts.
+        assert report["read"] <= report["read_whole"] - others + 4096, "a rank read another rank's layers"
+
+
+def test_gemma4_refuses_a_pipeline_with_the_reason(tmp_path):
+    checkpoint = write_checkpoint(tmp_path / "gemma4_text", "gemma4_text", seed=2)
+    for report in run_ranks(tmp_path, checkpoint, PIPELINE):
+        assert "share keys and values across the model" in report["refused"]
+        assert f"PLUGD_GROUP_SPLIT={TENSOR}" in report["refused"]
+
+
+def test_a_group_splits_by_tensors_where_the_architecture_says_how_and_by_layers_otherwise():
+    declares, silent = SimpleNamespace(shard=lambda group: None), SimpleNamespace()
+    assert (chosen_split(declares, None), chosen_split(silent, None)) == (TENSOR, PIPELINE)
+    assert (chosen_split(declares, PIPELINE), chosen_split(silent, TENSOR)) == (PIPELINE, TENSOR)
 
 
 def test_heads_that_do_not_divide_are_refused(tmp_path):
     checkpoint = write_checkpoint(tmp_path / "odd", "qwen3", overrides={"num_key_value_heads": 1})
-    output = run_ranks(tmp_path, checkpoint)
-    assert "refused: cannot split across 2 ranks: 1 key/value heads do not split evenly" in output, output
+    for report in run_ranks(tmp_path, checkpoint):
+        assert "cannot split its tensors across 2 ranks: 1 key/value heads do not split evenly" in report["refused"]
 
 
 @pytest.mark.parametrize("content, problem", [
