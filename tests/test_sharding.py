@@ -22,6 +22,7 @@ import pytest
 from plugd.protocol import PIPELINE, TENSOR, stage_layers
 from plugd.runner.loading import chosen_split
 from plugd.runner.quantize import quantize_checkpoint
+from plugd.scheduler.rank_share import RankShare, rank_share
 from plugd.scheduler.runner_group import Hosts, free_ports
 from plugd.settings import Settings
 from plugd.testing.architectures import architecture_module
@@ -30,6 +31,7 @@ from plugd.testing.checkpoints import write_checkpoint
 SCRIPT = """
 import importlib, json, sys
 import mlx.core as mx
+from mlx.utils import tree_flatten
 from plugd.runner.errors import CheckpointError
 from plugd.runner.loading import load_model
 
@@ -69,6 +71,7 @@ try:
         before = read_bytes()
         model = load_model(sys.argv[2], module, group=split, split=sys.argv[3] if len(sys.argv) > 3 else None)
         report["read" if split else "read_whole"] = read_bytes() - before
+        report["held"] = sum(parameter.nbytes for _, parameter in tree_flatten(model.parameters()))
         results.append(logits(model))
     report["difference"] = max(mx.abs(a - b).max().item() for a, b in zip(*results))
 except CheckpointError as refused:
@@ -114,6 +117,13 @@ def checkpoint_tensors(checkpoint: Path) -> dict[str, dict]:
     return tensors
 
 
+def assert_counted(reports: list[dict], checkpoint: Path, split: str) -> None:
+    """The daemon's memory fit counts at least what rank 0 holds of the weights, and little more (tensors the
+    model drops on load, such as multi-token-prediction heads, count too)."""
+    counted = rank_share(checkpoint_tensors(checkpoint), 4, 2, split).weights  # float32: the CPU's compute dtype
+    assert reports[0]["held"] <= counted <= 1.06 * reports[0]["held"]
+
+
 @pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_5_moe", "gemma3_text", "gemma3", "gemma4_text", "gemma4_text_moe",
                                   "nemotron_h"])
 def test_a_model_splits_across_two_ranks(tmp_path, kind):
@@ -122,6 +132,7 @@ def test_a_model_splits_across_two_ranks(tmp_path, kind):
     checkpoint = write_checkpoint(tmp_path / kind, kind, seed=2, overrides=overrides)
     reports = run_ranks(tmp_path, checkpoint)
     assert max(differences(reports)) < 1e-4
+    assert_counted(reports, checkpoint, TENSOR)
 
 
 def test_a_quantized_checkpoint_splits_across_two_ranks(tmp_path):
@@ -130,6 +141,7 @@ def test_a_quantized_checkpoint_splits_across_two_ranks(tmp_path):
                         architecture_module("qwen3"), bits=4, group_size=32)
     reports = run_ranks(tmp_path, quantized)
     assert max(differences(reports)) < 1e-4
+    assert_counted(reports, quantized, TENSOR)
 
 
 @pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "gemma3_text", "nemotron_h"])
@@ -137,6 +149,7 @@ def test_a_model_splits_into_a_pipeline_over_two_ranks(tmp_path, kind):
     checkpoint = write_checkpoint(tmp_path / kind, kind, seed=2)
     reports = run_ranks(tmp_path, checkpoint, PIPELINE)
     assert max(differences(reports)) < 1e-5
+    assert_counted(reports, checkpoint, PIPELINE)
     layers: dict[int, int] = {}  # the bytes of each layer's tensors in the files
     for name, tensor in checkpoint_tensors(checkpoint).items():
         if match := re.search(r"layers\.(\d+)\.", name):
@@ -158,6 +171,24 @@ def test_a_group_splits_by_tensors_where_the_architecture_says_how_and_by_layers
     declares, silent = SimpleNamespace(shard=lambda group: None), SimpleNamespace()
     assert (chosen_split(declares, None), chosen_split(silent, None)) == (TENSOR, PIPELINE)
     assert (chosen_split(declares, PIPELINE), chosen_split(silent, TENSOR)) == (PIPELINE, TENSOR)
+
+
+def test_the_memory_fit_counts_the_larger_share_where_the_architecture_decides_the_split():
+    """Three layers over two ranks: rank 0's stage is two of them, more than half of every matrix; a vision
+    tower's deeper stack of smaller layers is not taken for the decoder's, and stays whole like the embeddings."""
+    def f32(*shape: int) -> dict:
+        return {"dtype": "F32", "shape": list(shape)}
+
+    tensors = {"model.embed_tokens.weight": f32(100, 8), "lm_head.weight": f32(100, 8)}
+    tensors |= {f"vision_tower.encoder.layers.{i}.fc.weight": f32(4, 4) for i in range(6)}
+    for i in range(3):
+        tensors |= {f"model.layers.{i}.mlp.up_proj.weight": f32(16, 8), f"model.layers.{i}.norm.weight": f32(8),
+                    f"model.layers.{i}.mlp.gate.weight": f32(4, 8)}  # a router: whole on every rank
+    whole = 4 * (2 * 800 + 6 * 16)
+    by_layers, by_tensors = whole + 4 * 2 * (128 + 8 + 32), whole + 4 * 3 * (64 + 8 + 32)
+    assert rank_share(tensors, 4, 2, PIPELINE) == RankShare(by_layers, 2 / 3)
+    assert rank_share(tensors, 4, 2, TENSOR) == RankShare(by_tensors, 1 / 2)
+    assert rank_share(tensors, 4, 2, None) == RankShare(max(by_layers, by_tensors), 2 / 3)
 
 
 def test_heads_that_do_not_divide_are_refused(tmp_path):

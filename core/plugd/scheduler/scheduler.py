@@ -20,6 +20,7 @@ from plugd.errors import PlugdError
 from plugd.plugins import Registry
 from plugd.protocol import GroupLayout, RunnerConfig
 from plugd.scheduler import memory
+from plugd.scheduler.rank_share import RankShare, rank_share
 from plugd.scheduler.runner_client import RunnerError, RunnerProcess
 from plugd.settings import Settings
 
@@ -198,7 +199,7 @@ class Scheduler:
     async def _ready(self, model: ResolvedModel, num_ctx: int | None) -> Loaded:
         """The model's loaded runner, held for the caller; loads it (making room first) when needed."""
         model.require_architecture()  # refused before anything is evicted for it
-        weights = memory.weight_bytes(model.tensors, self.float_bytes) // self._share(model)
+        weights = self._share(model).weights
         async with self.changed:
             if entry := self._usable(model.digest, num_ctx):
                 self._hold(entry)
@@ -250,10 +251,12 @@ class Scheduler:
         hosts = self.settings.hosts
         return None if hosts is None or embedding_layout(model) is not None else hosts.layout(model.files)
 
-    def _share(self, model: ResolvedModel) -> int:
-        """Into how many parts `model` splits: the memory fits count this machine's part (rank 0's)."""
+    def _share(self, model: ResolvedModel) -> RankShare:
+        """What this machine holds of `model`: all of it, or in a group rank 0's part, which the memory fits count."""
         group = self._group(model)
-        return 1 if group is None else group.ranks
+        if group is None:
+            return RankShare(memory.weight_bytes(model.tensors, self.float_bytes), 1.0)
+        return rank_share(model.tensors, self.float_bytes, group.ranks, group.split)
 
     def _parallel(self, model: ResolvedModel, context: int, weights: int) -> int:
         """The requests the model's runner decodes together: PLUGD_NUM_PARALLEL (or OLLAMA_NUM_PARALLEL); else
@@ -275,7 +278,7 @@ class Scheduler:
 
     def _caches(self, model: ResolvedModel) -> memory.CacheEstimate:
         return memory.CacheEstimate.of(model.require_architecture(), model.model_files.config, self.float_bytes,
-                                       self._share(model))
+                                       self._share(model).caches)
 
     async def _learn_device(self, runner: Runner) -> None:
         """From the first runner that answers (the daemon imports no MLX): its compute dtype, which the estimates
