@@ -215,8 +215,8 @@ def test_the_daemon_names_the_variable_of_a_bad_host_file(tmp_path):
         Settings.from_environment({"PLUGD_HOSTFILE": str(tmp_path / "missing.json")})
 
 
-def test_a_host_file_in_either_of_mlx_forms_reads(tmp_path):
+def test_a_host_file_in_any_of_mlx_forms_reads(tmp_path):
     hosts = [{"ssh": "127.0.0.1", "ips": ["10.0.0.1"]}, {"ssh": "mac2", "ips": ["10.0.0.2"]}]
-    for content in (hosts, {"backend": "ring", "hosts": hosts}):
+    for content in (hosts, {"backend": "ring", "hosts": hosts}, {"backend": "", "envs": [], "hosts": hosts}):
         (tmp_path / "hosts.json").write_text(json.dumps(content))
         assert Hosts.read(tmp_path / "hosts.json").names == ("127.0.0.1", "mac2")

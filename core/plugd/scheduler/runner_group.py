@@ -44,8 +44,8 @@ class Hosts:
             entries = json.loads(Path(path).read_text())
         except (OSError, ValueError) as exc:
             raise ValueError(f"cannot read the host file {path}: {exc}") from None
-        if isinstance(entries, dict):  # the form mlx.distributed_config writes: backend, envs and hosts
-            if entries.get("backend", GROUP_BACKEND) != GROUP_BACKEND:
+        if isinstance(entries, dict):  # the form mlx.distributed_config writes: backend ("" over Ethernet), envs, hosts
+            if (entries.get("backend") or GROUP_BACKEND) != GROUP_BACKEND:
                 raise ValueError(f"host file {path}: backend {entries['backend']!r}; plugd runs groups on the "
                                  f"{GROUP_BACKEND} backend only")
             entries = entries.get("hosts")
