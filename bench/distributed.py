@@ -1,18 +1,19 @@
-"""One model over a 2-rank runner group (MLX's ring backend on loopback) vs the same model in one process, in one run.
+"""One model over a 2-rank runner group, split by tensors and into a pipeline, vs the same model in one process.
 
-    .venv/bin/python bench/distributed.py           # bench/decode.py's ~150M Qwen3, 512-token prompts, 128 tokens
+    .venv/bin/python bench/distributed.py           # an 813M Qwen3 (3.0 GiB), 128-token prompts, 16 tokens
     .venv/bin/python bench/distributed.py --quick   # a tiny model, a few tokens, one repetition (the smoke test)
 
-Both are plugd daemons serving the same checkpoint over HTTP; the group's comes from a host file naming this
-machine twice. Each gets the same prompts (a first token of their own, so that no prompt cache helps) at
-temperature 0, after a warm-up that loads the runners, in alternating order. Figures are medians.
+Three plugd daemons serve the same checkpoint over HTTP in one run: in one process, and over two groups whose
+host file names this machine twice (MLX's ring backend on loopback), one split by tensors and one into a
+pipeline (PLUGD_GROUP_SPLIT). Each gets the same prompts (a first token of their own, so that no prompt cache
+helps) at temperature 0, after a warm-up that loads the runners, in rotating order. Figures are medians.
 
-Memory: what MLX holds for each rank once the model is loaded and at the load's peak (the group reports both
-in /api/ps), against the weights' bytes, and each rank's peak RSS (its high-water mark, serving included, which
-also holds its Python, MLX and HTTP runtime, caches and activations) against the one process's. The target is
-memory, not speed: each rank's load peak at most 0.6x of the weights. On one 2-core
-machine the two ranks share the cores and talk over loopback, so speed is reported, not targeted: the group
-pays for two all_sums per layer and step, and gains nothing it could run in parallel.
+Memory, the target: each rank's peak RSS (its high-water mark, loading and serving included) at most 0.6x of
+the weights' bytes, which one process holds whole. RSS also holds what does not split: each process's Python,
+MLX and HTTP runtime, the caches and activations of its layers, and the tensors every rank keeps whole; so the
+checkpoint is large enough for half its weights to dominate. Reported beside it: what MLX holds for each rank
+once loaded and at the load's peak (the group reports both in /api/ps), and the rest of the peak RSS. On one
+2-core machine the two ranks share the cores and talk over loopback, so speed is reported, not targeted.
 """
 
 from __future__ import annotations
@@ -26,10 +27,15 @@ from pathlib import Path
 
 import benchlib as bl
 import httpx
-from decode import write_model
+from decode import QUICK
 from procfs import proc_status
 
-RANK_MEMORY_TARGET = 0.6  # of the weights' bytes, what MLX holds for a rank at the load's peak
+# 24 layers as bench/decode.py's checkpoint, twice as wide and with three times its MLP.
+FULL = {"hidden_size": 1536, "num_hidden_layers": 24, "num_attention_heads": 24, "num_key_value_heads": 4,
+        "head_dim": 64, "intermediate_size": 6144}
+RANK_RSS_TARGET = 0.6  # of the weights' bytes, a rank's peak RSS
+ALONE = "one process"
+GROUPS = {"tensor group": "tensor", "pipeline group": "pipeline"}  # engine -> PLUGD_GROUP_SPLIT
 
 
 def run(server, prompt: str, tokens: int, num_ctx: int) -> dict[str, float]:
@@ -42,65 +48,70 @@ def run(server, prompt: str, tokens: int, num_ctx: int) -> dict[str, float]:
             "text": final["text"]}
 
 
-def peaks(server) -> list[int]:
-    """The peak RSS of each rank (of the one runner, for a single process), in rank order."""
+def ranks(server) -> list[dict[str, int]]:
+    """Each rank's peak RSS and what MLX held for it once the model had loaded and at the load's peak; for one
+    process, its runner's peak RSS."""
     model = httpx.get(f"{server.url}/api/ps").json()["models"][0]
-    pids = [rank["pid"] for rank in model["group"]] if "group" in model else server.runner_pids()
-    return [proc_status(pid)["VmHWM"] for pid in pids]
-
-
-def loaded(server) -> list[dict[str, int]]:
-    """What MLX held for each rank once the model had loaded, and its peak until then (the group reports it)."""
-    return httpx.get(f"{server.url}/api/ps").json()["models"][0]["group"]
+    if "group" not in model:
+        return [{"rss_peak": proc_status(pid)["VmHWM"]} for pid in server.runner_pids()]
+    return [rank | {"rss_peak": proc_status(rank["pid"])["VmHWM"]} for rank in model["group"]]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    args = bl.parse_run_args(parser, reps=3, tokens=128, prompt_tokens=512)
+    args = bl.parse_run_args(parser, reps=2, tokens=16, prompt_tokens=128)
     reps, tokens, prompt_len = args.reps, args.tokens, args.prompt_tokens
     bl.on_sigterm_exit()
 
     with tempfile.TemporaryDirectory(prefix="plugd-bench-") as tmp, ExitStack() as stack:
         model_dir = Path(tmp) / "model"
         num_ctx = prompt_len + tokens + 16
-        write_model(model_dir, args.quick, "tiny", num_ctx)
-        weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+        shape = (QUICK if args.quick else FULL) | {"max_position_embeddings": max(4096, num_ctx)}
+        info = bl.write_bench_checkpoint(model_dir, "qwen3", shape)
+        weights = info["weight_bytes"]
+        print(f"model: {bl.describe(info['config'], 'tiny')}: {info['params'] / 1e6:.1f}M parameters, "
+              f"{bl.mib(weights)} of weights")
         hosts = Path(tmp) / "hosts.json"
         hosts.write_text(json.dumps([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2))
         print(f"run: prompt {prompt_len} tokens, {tokens} generated tokens, temperature 0, 1 warm-up + {reps} "
-              "repetitions; group: 2 ranks, ring backend on loopback")
+              "repetitions; groups: 2 ranks, ring backend on loopback")
         prompts = bl.make_prompts(model_dir, reps + 1, prompt_len)
-        servers = {
-            "one process": stack.enter_context(bl.plugd_server(Path(tmp) / "alone", model_dir, "bench")),
-            "2-rank group": stack.enter_context(bl.plugd_server(Path(tmp) / "group", model_dir, "bench",
-                                                                env={"PLUGD_HOSTFILE": str(hosts)})),
-        }
+        servers = {ALONE: stack.enter_context(bl.plugd_server(Path(tmp) / "alone", model_dir, "bench"))}
+        for engine, split in GROUPS.items():
+            env = {"PLUGD_HOSTFILE": str(hosts), "PLUGD_GROUP_SPLIT": split}
+            servers[engine] = stack.enter_context(bl.plugd_server(Path(tmp) / split, model_dir, "bench", env=env))
         results, same = bl.rounds(prompts, {name: (lambda text, ids, s=server: run(s, text, tokens, num_ctx))
                                             for name, server in servers.items()})
-        print(f"greedy texts identical in both in {same} of {len(prompts)} rounds")
-        report(results, {name: peaks(server) for name, server in servers.items()}, loaded(servers["2-rank group"]),
-               weights)
+        print(f"greedy texts identical in all three in {same} of {len(prompts)} rounds")
+        report(results, {name: ranks(server) for name, server in servers.items()}, weights)
     return 0
 
 
-def report(results: dict[str, list[dict[str, float]]], rss: dict[str, list[int]], ranks: list[dict[str, int]],
-           weights: int) -> None:
+def report(results: dict[str, list[dict[str, float]]], memory: dict[str, list[dict[str, int]]], weights: int) -> None:
     def median(name: str, key: str) -> float:
         return bl.median([r[key] for r in results[name]])
 
+    def held(rank: dict[str, int]) -> str:
+        return f"{bl.mib(rank['mlx_bytes'])} ({bl.mib(rank['mlx_peak'])})" if "mlx_bytes" in rank else "-"
+
     rows = [[name, f"{median(name, 'prefill'):.1f}", f"{median(name, 'decode'):.1f}",
-             f"{median(name, 'ttft') * 1000:.0f}", ", ".join(bl.mib(peak) for peak in rss[name])] for name in results]
-    print(bl.table(["engine", "prefill tok/s", "decode tok/s", "TTFT ms", "peak RSS per rank"], rows))
+             f"{median(name, 'ttft') * 1000:.0f}", ", ".join(held(rank) for rank in memory[name]),
+             ", ".join(bl.mib(rank["rss_peak"]) for rank in memory[name])] for name in results]
+    print(bl.table(["engine", "prefill tok/s", "decode tok/s", "TTFT ms", "MLX holds per rank (load peak)",
+                    "peak RSS per rank"], rows))
     print(f"weights: {bl.mib(weights)}")
-    for key in ("prefill", "decode"):
-        print(f"ratio {key} group/one process {median('2-rank group', key) / median('one process', key):.2f} "
-              "(reported, not targeted)")
-    alone = rss["one process"][0]
-    for rank, (peak, held) in enumerate(zip(rss["2-rank group"], ranks, strict=True)):
-        print(f"rank {rank}: MLX holds {bl.mib(held['mlx_bytes'])} once loaded, {bl.mib(held['mlx_peak'])} at the "
-              f"load's peak; peak RSS {bl.mib(peak)}")
-        print(f"ratio rank {rank} load peak/weights {held['mlx_peak'] / weights:.2f} (target <= {RANK_MEMORY_TARGET})")
-        print(f"ratio rank {rank} peak RSS/one process's {peak / alone:.2f}")
+    alone = memory[ALONE][0]["rss_peak"]
+    print(f"{ALONE}: peak RSS {bl.mib(alone)}, {bl.mib(alone - weights)} beyond the weights")
+    for engine in GROUPS:
+        for key in ("prefill", "decode"):
+            print(f"ratio {key} {engine}/{ALONE} {median(engine, key) / median(ALONE, key):.2f} "
+                  "(reported, not targeted)")
+        for number, rank in enumerate(memory[engine]):
+            print(f"{engine} rank {number}: peak RSS {bl.mib(rank['rss_peak'])}, of which MLX's load peak "
+                  f"{bl.mib(rank['mlx_peak'])} and {bl.mib(rank['rss_peak'] - rank['mlx_peak'])} besides")
+            print(f"ratio {engine} rank {number} peak RSS/weights {rank['rss_peak'] / weights:.2f} "
+                  f"(target <= {RANK_RSS_TARGET})")
+            print(f"ratio {engine} rank {number} load peak/weights {rank['mlx_peak'] / weights:.2f}")
 
 
 if __name__ == "__main__":

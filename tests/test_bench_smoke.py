@@ -29,9 +29,10 @@ BENCH = Path(__file__).parents[1] / "bench"
                             r"ratio TTFT \(xgrammar\) new schema/free"]),
         ("fitting.py --baseline HEAD", [r"ratio TTFT long chat old/new", r"ratio TTFT 200-message fit old/new"]),
         ("embeddings.py", [r"ratio throughput plugd/sentence-transformers", r"lowest cosine plugd/sentence-transformers"]),
-        ("distributed.py", [r"ratio prefill group/one process", r"ratio decode group/one process",
-                            r"ratio rank 0 load peak/weights", r"ratio rank 1 load peak/weights",
-                            r"ratio rank 1 peak RSS/one process's"]),
+        ("distributed.py", [rf"ratio {key} {group} group/one process" for key in ("prefill", "decode")
+                            for group in ("tensor", "pipeline")]
+                           + [rf"ratio {group} group rank {rank} {what}/weights" for group in ("tensor", "pipeline")
+                              for rank in (0, 1) for what in ("peak RSS", "load peak")]),
         ("speculative.py", [r"ratio agreeing plugd drafting/plain", r"ratio disagreeing plugd drafting/plain",
                             r"ratio agreeing plugd drafting/mlx-lm speculative k=\d \(mlx-lm's best\)"]),
         ("concurrency.py", [r"ratio aggregate decode at 4 streams plugd/plugd single stream",

@@ -25,6 +25,17 @@ GRAMMAR_KINDS = ("json", "json_schema")
 # The daemon's pid, given to a group's ranks: their parent is MLX's launcher, not the daemon.
 DAEMON_PID_VARIABLE = "PLUGD_DAEMON_PID"
 GROUP_BACKEND = "ring"  # the MLX distributed backend a runner group's ranks talk over
+# How a group splits its model: each layer's heads and hidden units shared out among the ranks (plugd.nn.sharding),
+# or consecutive layers to each rank (plugd.nn.pipeline).
+TENSOR, PIPELINE = "tensor", "pipeline"
+
+
+def stage_layers(layers: int, ranks: int, rank: int) -> range:
+    """The layers rank `rank` runs when `layers` layers split into `ranks` consecutive stages: as evenly as they
+    go, the first ranks taking one more where they do not divide (empty where there are fewer layers than ranks)."""
+    base, extra = divmod(layers, ranks)
+    start = rank * base + min(rank, extra)
+    return range(start, start + base + (rank < extra))
 
 
 @define(frozen=True)
@@ -36,6 +47,7 @@ class GroupLayout:
     # The model's files by name, as paths into the store; a rank on a host without the daemon's model folder
     # links its own from them, so each host must hold the model at the same path (pulled there, or shared).
     files: dict[str, str] = Factory(dict)
+    split: str | None = None  # TENSOR or PIPELINE; None: tensor where the architecture declares it, else pipeline
 
 
 @define(frozen=True)

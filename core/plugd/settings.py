@@ -18,6 +18,7 @@ from attrs import define, field
 
 from plugd import plugins
 from plugd.plugins import Registry
+from plugd.protocol import PIPELINE, TENSOR
 from plugd.scheduler.runner_group import Hosts
 
 DEFAULT_PORT = 11434
@@ -59,6 +60,10 @@ ENVIRONMENT = (
     Variable("PLUGD_HOSTFILE", "unset (one process per model)",
              "an MLX host file (ring backend; rank 0 this machine): every generative model is served split across "
              "its hosts, one rank each"),
+    Variable("PLUGD_GROUP_SPLIT", "tensor where the architecture says how, else pipeline",
+             "how a PLUGD_HOSTFILE group splits a model: tensor (every layer's heads and hidden units shared out, "
+             "two all-sums per layer and token) or pipeline (consecutive layers per host, one transfer per host and "
+             "token: better over slow links)"),
     Variable("PLUGD_CONTEXT_LENGTH", "each model's maximum, lowered to what its caches fit in the memory left "
              "after its weights and prompt cache, at least 4096", "num_ctx of requests that set none"),
     Variable("PLUGD_LOAD_TIMEOUT", "600", "seconds a runner may take to load its model"),
@@ -138,11 +143,14 @@ def _parallel(environ: Mapping[str, str]) -> int | None:
     return parallel or None
 
 
-def _hosts(path: str) -> Hosts | None:
+def _hosts(path: str, split: str) -> Hosts | None:
+    split = split.strip().lower()
+    if split not in ("", TENSOR, PIPELINE):
+        raise ValueError(f"invalid PLUGD_GROUP_SPLIT {split!r}: expected {TENSOR} or {PIPELINE}")
     if not path:
         return None
     try:
-        return Hosts.read(Path(path).expanduser())
+        return Hosts.read(Path(path).expanduser(), split or None)
     except ValueError as exc:
         raise ValueError(f"invalid PLUGD_HOSTFILE: {exc}") from None
 
@@ -197,7 +205,7 @@ class Settings:
             client_renderers=_names(environ.get("PLUGD_CLIENT_RENDERERS")),
             plugins=None if environ.get("PLUGD_PLUGINS") is None else _names(environ["PLUGD_PLUGINS"]),
             trace_plugins=_traced(environ.get("PLUGD_TRACE_PLUGINS", "")),
-            hosts=_hosts(environ.get("PLUGD_HOSTFILE", "").strip()),
+            hosts=_hosts(environ.get("PLUGD_HOSTFILE", "").strip(), environ.get("PLUGD_GROUP_SPLIT", "")),
         )
 
     def load_plugins(self) -> Registry:

@@ -25,6 +25,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from PIL import Image
 
+from plugd.nn.pipeline import PipelineLayers, pipeline_layers
 from plugd_gemma import gemma3_processor, gemma3_text
 from plugd_gemma.siglip import VisionArgs, VisionModel, patch_weight_channels_last
 
@@ -133,6 +134,10 @@ class Model(nn.Module):
     def shard(self, group: mx.distributed.Group) -> None:
         """The language model splits as Gemma 3's text model; the vision tower stays whole on every rank."""
         self.language_model.shard(group)
+
+    def pipeline_layers(self) -> PipelineLayers:
+        """The language model's layers; the vision tower stays on every rank."""
+        return pipeline_layers(self.language_model)
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         renamed = {hub_name(name): tensor for name, tensor in weights.items()}

@@ -21,6 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from PIL import Image
 
+from plugd.nn.pipeline import PipelineLayers
 from plugd_gemma import gemma4_processor, gemma4_text
 from plugd_gemma.config import gemma4_vision_settings
 from plugd_gemma.gemma4_vision import MultimodalEmbedder, VisionArgs, VisionModel
@@ -87,6 +88,9 @@ class Model(nn.Module):
     def shard(self, group: mx.distributed.Group) -> None:
         """The language model splits as Gemma 4's text model; the vision tower stays whole on every rank."""
         self.language_model.shard(group)
+
+    def pipeline_layers(self) -> PipelineLayers:
+        return self.language_model.pipeline_layers()
 
     @property
     def quant_predicate(self):

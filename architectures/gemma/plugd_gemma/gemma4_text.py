@@ -40,6 +40,7 @@ from plugd.nn.linear import Embedding, Linear
 from plugd.nn.media import place_media
 from plugd.nn.mlp import GatedMLP
 from plugd.nn.norms import RMSNorm
+from plugd.nn.pipeline import PipelineLayers
 from plugd.nn.sharding import shard_blocks, share, split_inputs, split_outputs
 from plugd.nn.switch import routers_at_8_bits
 from plugd.nn.switch_mlp import SwitchGLU
@@ -338,6 +339,12 @@ class Model(LanguageModel):
         """Tensor parallel (plugd.nn.sharding): attention by heads, the dense MLP and every expert by hidden units,
         each summed before the norm that follows it; the router and the per-layer inputs stay whole."""
         shard_blocks(self.model.layers, group, "self_attn", "mlp", "experts")
+
+    def pipeline_layers(self) -> PipelineLayers:
+        """No pipeline: besides its output each layer returns its keys and values, which later layers attend
+        over, and a stage passes on the hidden states alone."""
+        raise ValueError("Gemma 4's layers share keys and values across the model, so they do not split into "
+                         "stages")
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """Drop rotary tables, activation clipping bounds, KV projections of KV-sharing layers, and a tied lm_head;

@@ -26,12 +26,15 @@ from plugd.nn.linear import Embedding, Linear
 from plugd.nn.mamba import selective_scan, time_steps
 from plugd.nn.media import place_media
 from plugd.nn.norms import RMSNorm
+from plugd.nn.pipeline import PipelineLayers
 from plugd.nn.recurrent import RecurrentCache
 from plugd.nn.sharding import part, shard_attention, shard_blocks, share, split_inputs, split_outputs
 from plugd.nn.short_conv import ShortConv, fold_conv_weights
 from plugd.nn.switch import stack_experts
 from plugd.nn.switch_mlp import SwitchMLP
 from plugd_nemotron.config import ATTENTION, BIASES, MAMBA, MLP, MOE, block_pattern, number, read
+
+CACHED = (MAMBA, ATTENTION)  # the kinds of block that keep a cache
 
 
 @dataclass(frozen=True)
@@ -305,13 +308,9 @@ class Block(nn.Module):
         else:
             self.mixer = MoE(args)
 
-    @property
-    def has_cache(self) -> bool:
-        return self.kind in (MAMBA, ATTENTION)
-
     def __call__(self, x: mx.array, cache: RecurrentCache | KVCache | None) -> mx.array:
         h = self.norm(x)
-        return x + (self.mixer(h, cache) if self.has_cache else self.mixer(h))
+        return x + (self.mixer(h, cache) if self.kind in CACHED else self.mixer(h))
 
 
 class Backbone(nn.Module):
@@ -320,6 +319,7 @@ class Backbone(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.embeddings = Embedding(args.vocab_size, args.hidden_size)
+        self.pattern = args.pattern
         self.layers = [Block(args, kind) for kind in args.pattern]
         self.norm_f = RMSNorm(args.hidden_size, args.layer_norm_epsilon)
 
@@ -329,8 +329,8 @@ class Backbone(nn.Module):
         if media:
             h = place_media(h, media)
         caches = iter(cache) if cache is not None else None
-        for layer in self.layers:
-            h = layer(h, next(caches) if caches is not None and layer.has_cache else None)
+        for layer, kind in zip(self.layers, self.pattern, strict=True):
+            h = layer(h, next(caches) if caches is not None and kind in CACHED else None)
         return self.norm_f(h)
 
 
@@ -354,7 +354,13 @@ class Model(nn.Module):
     def make_cache(self) -> list[RecurrentCache | KVCache]:
         """One cache per Mamba2 layer (recurrent) and per attention layer (keys and values), in layer order;
         MLP and MoE layers keep nothing."""
-        return [RecurrentCache() if kind == MAMBA else KVCache() for kind in self.args.pattern if kind in (MAMBA, ATTENTION)]
+        return [RecurrentCache() if kind == MAMBA else KVCache() for kind in self.args.pattern if kind in CACHED]
+
+    def pipeline_layers(self) -> PipelineLayers:
+        """The backbone's blocks; MLP and MoE blocks keep no cache."""
+        cached = [kind in CACHED for kind in self.args.pattern]
+        return PipelineLayers(self.backbone.layers, [sum(cached[:i]) if cached[i] else None
+                                                     for i in range(len(cached))])
 
     def shard(self, group: mx.distributed.Group) -> None:
         """Tensor parallel (plugd.nn.sharding): every block's mixer (Mamba2, attention, MLP or MoE) by its own

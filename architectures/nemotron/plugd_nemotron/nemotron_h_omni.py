@@ -22,6 +22,7 @@ from PIL import Image
 
 from plugd.nn.linear import TowerLinear
 from plugd.nn.norms import LayerNorm, RMSNorm
+from plugd.nn.pipeline import PipelineLayers
 from plugd_nemotron import nemotron_h, omni_processor
 from plugd_nemotron.omni_config import patch_budget, shuffle_factor, text_config
 from plugd_nemotron.radio import RadioArgs, RadioModel
@@ -91,6 +92,10 @@ class Model(nn.Module):
     def shard(self, group: mx.distributed.Group) -> None:
         """The language model splits as Nemotron-H's; the vision tower stays whole on every rank."""
         self.language_model.shard(group)
+
+    def pipeline_layers(self) -> PipelineLayers:
+        """The language model's blocks; the vision tower stays on every rank."""
+        return self.language_model.pipeline_layers()
 
     def preprocess(self, image: Image.Image) -> mx.array:
         return omni_processor.preprocess(image, self.args.vision.patch_size, self.args.merge, self.args.patch_budget)

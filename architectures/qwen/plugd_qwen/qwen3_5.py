@@ -30,6 +30,7 @@ from PIL import Image
 from plugd.nn.linear import Linear
 from plugd.nn.media import place_media
 from plugd.nn.mtp import MTPDrafter
+from plugd.nn.pipeline import PipelineLayers, pipeline_layers
 from plugd.nn.sharding import split_outputs
 from plugd_qwen import qwen3_5_processor, qwen3_next
 from plugd_qwen.config import ImageSettings
@@ -145,6 +146,11 @@ class Model(nn.Module):
     def shard(self, group: mx.distributed.Group) -> None:
         """The language model's blocks split as Qwen3-Next's; the vision tower stays whole on every rank."""
         self.language_model.shard(group)
+
+    def pipeline_layers(self) -> PipelineLayers:
+        """The language model's layers; the positions' cache, the last in the list, and the vision tower stay on
+        every rank."""
+        return pipeline_layers(self.language_model)
 
     def preprocess(self, image: Image.Image) -> mx.array:
         return qwen3_5_processor.preprocess(image, self.args.images, self.args.vision.temporal_patch_size)

@@ -47,12 +47,20 @@ class Group:
         collectives before this one: the ranks must meet at every collective in the same order."""
         return mx.distributed.all_sum(token if self.leads else token * 0, group=self.group)
 
+    def gathered(self, value: Any) -> list[Any]:
+        """Every rank's `value`, in rank order, on every rank (two collectives)."""
+        data = np.frombuffer(pickle.dumps(value), np.uint8)
+        lengths = self._gathered(np.array([len(data)], np.int64))
+        padded = np.zeros(int(lengths.max()), np.uint8)
+        padded[: len(data)] = data
+        rows = self._gathered(padded).reshape(self.size, -1)
+        return [pickle.loads(row[:length].tobytes()) for row, length in zip(rows, lengths, strict=True)]
+
     def ranks(self) -> list[dict[str, Any]]:
         """Each rank's host name, process id, and what MLX holds for it and has held at most (asked once the
         model is loaded: its share of the weights, and the load's peak), in rank order."""
-        mine = {"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(),
-                "mlx_bytes": mx.get_active_memory(), "mlx_peak": mx.get_peak_memory()}
-        return [self._sent(mine, sender) for sender in range(self.size)]
+        return self.gathered({"rank": self.rank, "host": socket.gethostname(), "pid": os.getpid(),
+                              "mlx_bytes": mx.get_active_memory(), "mlx_peak": mx.get_peak_memory()})
 
     def _sent(self, value: Any, sender: int) -> Any:
         """`sender`'s value, pickled, as the sum of its bytes and the other ranks' zeros."""
@@ -66,3 +74,6 @@ class Group:
 
     def _summed(self, array: np.ndarray) -> np.ndarray:
         return np.array(mx.distributed.all_sum(mx.array(array), group=self.group, stream=mx.cpu))
+
+    def _gathered(self, array: np.ndarray) -> np.ndarray:
+        return np.array(mx.distributed.all_gather(mx.array(array), group=self.group, stream=mx.cpu))

@@ -17,6 +17,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from plugd.image_processor import directory_config
+from plugd.nn.pipeline import split_layers
+from plugd.protocol import PIPELINE, TENSOR
 from plugd.runner.errors import CheckpointError
 from plugd.runner.ollama_tensors import read_ollama_weights
 from plugd.store.manifests import OLLAMA_TENSORS_DIR
@@ -31,15 +33,15 @@ def compute_dtype() -> mx.Dtype:
 
 
 def load_model(model_dir: Path, module: ModuleType, embedding: bool = False,
-               group: mx.distributed.Group | None = None) -> nn.Module:
+               group: mx.distributed.Group | None = None, split: str | None = None) -> nn.Module:
     """Build `module.Model` from `model_dir`/config.json and load the directory's safetensors into it: the Hugging
     Face (or mlx-lm) files, or Ollama's tensor layers where the directory holds them in OLLAMA_TENSORS_DIR.
 
     An `embedding` model's checkpoint is its base model as sentence-transformers saves it: no output head, and
     the decoder's tensors without their `model.` prefix.
 
-    With a `group` of several ranks, the model is split across them by its own `shard` (plugd.nn.sharding)
-    before anything is evaluated, so that this rank keeps only its share of the tensors."""
+    With a `group` of several ranks, the model is split across them before anything is evaluated (`shard`), so
+    that this rank keeps only its share of the tensors."""
     model_dir = Path(model_dir)
     config = directory_config(model_dir)
     model = module.Model(module.ModelArgs.from_dict(config))
@@ -52,7 +54,7 @@ def load_model(model_dir: Path, module: ModuleType, embedding: bool = False,
     fill(model, weights, checkpoint_quantization(config, ollama))
     del weights  # what the model does not hold (a tensor before its cast, or its split) is freed once used
     if group is not None and group.size() > 1:
-        shard(model, module, group)
+        shard(model, module, group, split)
         for _, parameter in tree_flatten(model.parameters()):  # one at a time: one whole tensor beyond the shares
             mx.eval(parameter)
     else:
@@ -82,14 +84,28 @@ def fill(model: nn.Module, weights: dict[str, mx.array], quantization: Mapping[s
     model.update(tree_unflatten([(name, _cast(tensor, dtype)) for name, tensor in weights.items()]))
 
 
-def shard(model: nn.Module, module: ModuleType, group: mx.distributed.Group) -> None:
-    if not hasattr(model, "shard"):
-        raise CheckpointError(f"{module.__name__} does not say how to split across ranks (no Model.shard): "
-                              "it runs in one process only")
+def chosen_split(model: nn.Module, wanted: str | None) -> str:
+    """`wanted` (PLUGD_GROUP_SPLIT), else tensor parallel where the architecture declares how (`Model.shard`) and
+    pipeline parallel where it does not."""
+    return wanted or (TENSOR if hasattr(model, "shard") else PIPELINE)
+
+
+def shard(model: nn.Module, module: ModuleType, group: mx.distributed.Group, split: str | None = None) -> None:
+    """Split `model` across `group` as `chosen_split` says: by its own `shard` (plugd.nn.sharding), or into
+    consecutive stages of layers (plugd.nn.pipeline). CheckpointError where it cannot."""
+    split = chosen_split(model, split)
+    if split == TENSOR and not hasattr(model, "shard"):
+        raise CheckpointError(f"{module.__name__} does not say how to split its tensors across ranks (no "
+                              f"Model.shard); PLUGD_GROUP_SPLIT={PIPELINE} splits its layers instead")
     try:
-        model.shard(group)
+        if split == TENSOR:
+            model.shard(group)
+        else:
+            split_layers(model, group)
     except ValueError as exc:
-        raise CheckpointError(f"cannot split across {group.size()} ranks: {exc}") from None
+        what, other = ("tensors", PIPELINE) if split == TENSOR else ("layers", TENSOR if hasattr(model, "shard") else None)
+        hint = f" (PLUGD_GROUP_SPLIT={other} splits it otherwise)" if other else ""
+        raise CheckpointError(f"cannot split its {what} across {group.size()} ranks: {exc}{hint}") from None
 
 
 def read_weights(model_dir: Path) -> dict[str, mx.array]:

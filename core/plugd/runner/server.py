@@ -42,6 +42,7 @@ from PIL import Image
 
 from plugd import protocol
 from plugd.protocol import DAEMON_PID_VARIABLE, ErrorEvent, RunnerConfig, RunnerEvent, event_line
+from plugd.runner.agreed_policy import AgreedPolicy
 from plugd.runner.cache_policy import make_policy
 from plugd.runner.draft import load_draft
 from plugd.runner.drafting import drafter_of
@@ -80,19 +81,23 @@ class ModelHost:
     def _load(self, model_dir: Path, config: RunnerConfig) -> Engine | Embedder:
         group = None if self.group is None else self.group.group
         model = load_model(model_dir, importlib.import_module(config.module), embedding=config.embedding is not None,
-                           group=group)
+                           group=group, split=None if config.group is None else config.group.split)
         _return_freed_heap()
         if config.embedding is not None:
             return Embedder(model, config.embedding, model_dir)
         budget = config.cache_budget
         log.info("cache policy %s%s", config.cache_policy, "" if budget is None else f", budget {budget} bytes")
         log.info("%d completion(s) at once", config.num_parallel)
+
+        def policy(loaded: Any) -> Any:
+            made = make_policy(config.cache_policy, loaded, budget)
+            return made if self.group is None else AgreedPolicy(made, self.group)
+
         agree = {} if self.group is None else {"agree": self.group.agree}
         # A group decodes plainly: its ranks would have to agree on every round's kept tokens too.
         drafter = None if self.group is not None else drafter_of(model, load_draft(model_dir, config.draft_module))
-        return Engine(model, Tokenizer.from_dir(model_dir), cache_policy=lambda m: make_policy(config.cache_policy, m,
-                      budget), one_at_a_time=config.num_parallel == 1, burst_chunks=config.num_parallel,
-                      drafter=drafter, **agree)
+        return Engine(model, Tokenizer.from_dir(model_dir), cache_policy=policy, one_at_a_time=config.num_parallel == 1,
+                      burst_chunks=config.num_parallel, drafter=drafter, **agree)
 
     def memory(self) -> dict[str, int]:
         return {

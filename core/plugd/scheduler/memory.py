@@ -26,11 +26,14 @@ def guessed_float_bytes() -> int:
 
 
 def weight_bytes(tensors: dict[str, dict[str, Any]], float_bytes: int) -> int:
-    """Weights as the runner holds them: floats cast to the compute dtype, packed quantized data as stored."""
-    return sum(
-        math.prod(t["shape"]) * (float_bytes if t["dtype"] in FLOAT_DTYPES else BYTES_PER_ELEMENT.get(t["dtype"], 1))
-        for t in tensors.values()
-    )
+    """Weights as the runner holds them."""
+    return sum(tensor_bytes(t, float_bytes) for t in tensors.values())
+
+
+def tensor_bytes(tensor: dict[str, Any], float_bytes: int) -> int:
+    """A tensor as the runner holds it: floats cast to the compute dtype, packed quantized data as stored."""
+    return math.prod(tensor["shape"]) * (float_bytes if tensor["dtype"] in FLOAT_DTYPES
+                                         else BYTES_PER_ELEMENT.get(tensor["dtype"], 1))
 
 
 STATE_BYTES = 4  # recurrent states are kept in float32
@@ -50,15 +53,15 @@ class CacheEstimate:
     layers: list[LayerCache]
     vocab_size: int
     float_bytes: int
-    parts: int = 1  # the ranks of a group, each holding its share of the heads (plugd.nn.sharding)
+    share: float = 1.0  # the part of them this machine holds, as rank 0 of a group (plugd.scheduler.rank_share)
 
     @classmethod
-    def of(cls, architecture: Architecture, config: dict[str, Any], float_bytes: int, parts: int = 1
+    def of(cls, architecture: Architecture, config: dict[str, Any], float_bytes: int, share: float = 1.0
            ) -> CacheEstimate:
         """For a model of `architecture` whose config.json is `config` (a multimodal one's text part counts),
-        on one of `parts` ranks."""
+        of which this machine holds `share`."""
         text = config.get("text_config", config)
-        return cls(architecture.cache_layers(text), text.get("vocab_size", 0), float_bytes, parts)
+        return cls(architecture.cache_layers(text), text.get("vocab_size", 0), float_bytes, share)
 
     def with_draft(self, layers: list[LayerCache]) -> CacheEstimate:
         """The estimate with a draft model's `layers` too: the draft keeps caches for the same positions of the same
@@ -68,7 +71,7 @@ class CacheEstimate:
     def bytes(self, num_ctx: int, sequences: int = 1) -> int:
         """For `sequences` decoding together: one alone decodes in the cache policy's live caches; several each
         decode in a batch row of their own beside them (plugd.runner.generate), so 1 + `sequences` caches."""
-        return (1 if sequences == 1 else 1 + sequences) * self._one(num_ctx) // self.parts
+        return math.ceil((1 if sequences == 1 else 1 + sequences) * self._one(num_ctx) * self.share)
 
     def _one(self, num_ctx: int) -> int:
         positions = -(-num_ctx // CACHE_STEP) * CACHE_STEP

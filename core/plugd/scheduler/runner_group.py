@@ -29,20 +29,23 @@ class GroupError(PlugdError, RuntimeError):
 
 @attrs.frozen
 class Hosts:
-    """The ranks' hosts of a host file, in rank order (the names the launcher reaches them by)."""
+    """The ranks' hosts of a host file, in rank order (the names the launcher reaches them by), and how the models
+    split across them (plugd.protocol: TENSOR, PIPELINE; None: tensor where the architecture says how, else
+    pipeline)."""
 
     path: Path
     names: tuple[str, ...]
+    split: str | None = None
 
     @classmethod
-    def read(cls, path: Path) -> Hosts:
+    def read(cls, path: Path, split: str | None = None) -> Hosts:
         """ValueError saying what is wrong with a file that is not a host file MLX's ring backend can use."""
         try:
             entries = json.loads(Path(path).read_text())
         except (OSError, ValueError) as exc:
             raise ValueError(f"cannot read the host file {path}: {exc}") from None
-        if isinstance(entries, dict):  # the form mlx.distributed_config writes: backend, envs and hosts
-            if entries.get("backend", GROUP_BACKEND) != GROUP_BACKEND:
+        if isinstance(entries, dict):  # the form mlx.distributed_config writes: backend ("" over Ethernet), envs, hosts
+            if (entries.get("backend") or GROUP_BACKEND) != GROUP_BACKEND:
                 raise ValueError(f"host file {path}: backend {entries['backend']!r}; plugd runs groups on the "
                                  f"{GROUP_BACKEND} backend only")
             entries = entries.get("hosts")
@@ -55,11 +58,12 @@ class Hosts:
                 raise ValueError(f"host file {path}: rank {rank} needs \"ssh\" (a host name) and \"ips\" "
                                  "(its addresses): the ring backend connects the ranks by address")
             names.append(entry["ssh"])
-        return cls(Path(path), tuple(names))
+        return cls(Path(path), tuple(names), split)
 
     def layout(self, files: dict[str, Path]) -> GroupLayout:
         """What the ranks are started with to serve the model of `files` (its blobs, by file name)."""
-        return GroupLayout(str(self.path), len(self.names), {name: str(blob) for name, blob in files.items()})
+        return GroupLayout(str(self.path), len(self.names), {name: str(blob) for name, blob in files.items()},
+                           self.split)
 
 
 def launch_command(group: GroupLayout, runner: list[str]) -> list[str]:

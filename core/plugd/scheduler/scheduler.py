@@ -20,6 +20,7 @@ from plugd.errors import PlugdError
 from plugd.plugins import Registry
 from plugd.protocol import GroupLayout, RunnerConfig
 from plugd.scheduler import memory
+from plugd.scheduler.rank_share import RankShare, rank_share
 from plugd.scheduler.runner_client import RunnerError, RunnerProcess
 from plugd.settings import Settings
 
@@ -198,7 +199,7 @@ class Scheduler:
     async def _ready(self, model: ResolvedModel, num_ctx: int | None) -> Loaded:
         """The model's loaded runner, held for the caller; loads it (making room first) when needed."""
         model.require_architecture()  # refused before anything is evicted for it
-        weights = memory.weight_bytes(model.tensors, self.float_bytes) // self._share(model)
+        weights = self._share(model).weights
         if (draft := self._draft(model)) is not None:
             weights += memory.weight_bytes(draft.tensors, self.float_bytes)
         async with self.changed:
@@ -227,7 +228,7 @@ class Scheduler:
                     return entry
                 cache_budget = self._cache_budget(needed)
             engines = {engine.name: engine.factory for engine in self.registry.items.get("plugd_grammar_engines", [])}
-            if model.draft is not None and draft is None:
+            if model.draft is not None and model.draft.architecture is None:
                 log.warning("no installed architecture plugin runs the draft of %s (model_type %r): it loads without",
                             model.name, model.draft.config.get("model_type"))
             config = RunnerConfig(model.require_architecture().module, self.cache_policy.factory, cache_budget,
@@ -255,10 +256,12 @@ class Scheduler:
         hosts = self.settings.hosts
         return None if hosts is None or embedding_layout(model) is not None else hosts.layout(model.files)
 
-    def _share(self, model: ResolvedModel) -> int:
-        """Into how many parts `model` splits: the memory fits count this machine's part (rank 0's)."""
+    def _share(self, model: ResolvedModel) -> RankShare:
+        """What this machine holds of `model`: all of it, or in a group rank 0's part, which the memory fits count."""
         group = self._group(model)
-        return 1 if group is None else group.ranks
+        if group is None:
+            return RankShare(memory.weight_bytes(model.tensors, self.float_bytes), 1.0)
+        return rank_share(model.tensors, self.float_bytes, group.ranks, group.split)
 
     def _parallel(self, model: ResolvedModel, context: int, weights: int) -> int:
         """The requests the model's runner decodes together: PLUGD_NUM_PARALLEL (or OLLAMA_NUM_PARALLEL); else
@@ -280,16 +283,17 @@ class Scheduler:
 
     def _caches(self, model: ResolvedModel) -> memory.CacheEstimate:
         caches = memory.CacheEstimate.of(model.require_architecture(), model.model_files.config, self.float_bytes,
-                                         self._share(model))
+                                         self._share(model).caches)
         if (draft := self._draft(model)) is not None:
             caches = caches.with_draft(draft.architecture.cache_layers(draft.config.get("text_config", draft.config)))
         return caches
 
-    @staticmethod
-    def _draft(model: ResolvedModel) -> ResolvedDraft | None:
-        """The model's draft where an installed architecture runs it; a draft none runs (its plugin uninstalled
-        since the model was created) is left out."""
-        return model.draft if model.draft is not None and model.draft.architecture is not None else None
+    def _draft(self, model: ResolvedModel) -> ResolvedDraft | None:
+        """The model's draft where its runner loads one: where an installed architecture runs it (not one whose
+        plugin was uninstalled since the model was created), and not in a group, which decodes without drafting."""
+        if model.draft is None or model.draft.architecture is None or self._group(model) is not None:
+            return None
+        return model.draft
 
     async def _learn_device(self, runner: Runner) -> None:
         """From the first runner that answers (the daemon imports no MLX): its compute dtype, which the estimates
