@@ -125,6 +125,9 @@ class Architecture:
     Towers the architecture does not run (Gemma 4's audio) are named in
     `unsupported_towers`, input kind -> tensor-name prefixes, so that a model
     whose checkpoint carries one is reported as not supporting that input.
+    `drafter_tensors` names the prefixes of a multi-token-prediction head's
+    tensors (plugd.nn.mtp), which a runner group, decoding without drafting,
+    leaves unread.
 
     `cache_layers(config)` (MLX-free: the daemon calls it) says what each
     layer caches for the model's text config; the default, `attention_layers`,
@@ -140,6 +143,7 @@ class Architecture:
     media_tokens: Callable[[Mapping[str, Any]], MediaTokens] | None = None
     media_tensors: tuple[str, ...] = ()
     unsupported_towers: Mapping[str, tuple[str, ...]] = field(factory=dict, hash=False)
+    drafter_tensors: tuple[str, ...] = ()
 
     def __attrs_post_init__(self) -> None:
         if self.media_types and self.media_tokens is None:

@@ -5,7 +5,7 @@ The model modules import MLX, so they are only named here; the runner imports th
 """
 
 from plugd.hookspecs import Architecture, hookimpl
-from plugd_qwen.config import hybrid_layers, qwen3_5_media_tokens
+from plugd_qwen.config import MTP, hybrid_layers, qwen3_5_media_tokens
 
 PLUGD_API = "1.2"
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg"})
@@ -17,8 +17,10 @@ def plugd_architectures() -> list[Architecture]:
     return [
         Architecture(model_type="qwen3", module="plugd_qwen.qwen3"),
         Architecture(model_type="qwen3_moe", module="plugd_qwen.qwen3_moe"),
-        Architecture(model_type="qwen3_next", module="plugd_qwen.qwen3_next", cache_layers=hybrid_layers),
+        Architecture(model_type="qwen3_next", module="plugd_qwen.qwen3_next", cache_layers=hybrid_layers,
+                     drafter_tensors=(MTP,)),
         *(Architecture(model_type=model_type, module=f"plugd_qwen.{model_type}", cache_layers=hybrid_layers,
-                       media_types=IMAGE_TYPES, media_tokens=qwen3_5_media_tokens, media_tensors=VISION_TENSORS)
+                       media_types=IMAGE_TYPES, media_tokens=qwen3_5_media_tokens, media_tensors=VISION_TENSORS,
+                       drafter_tensors=(MTP,))
           for model_type in ("qwen3_5", "qwen3_5_moe")),
     ]

@@ -20,6 +20,8 @@ MAX_ASPECT_RATIO = 200
 IMAGE_PAD = "<|image_pad|>"
 IMAGE_TOKEN_ID = 248_056
 
+MTP = "mtp."  # the prefix of the multi-token-prediction head's tensors (plugd.nn.mtp)
+
 
 def layer_types(text: Mapping[str, Any]) -> tuple[str, ...]:
     """Each layer's attention kind: `layer_types` (transformers 5), else every `full_attention_interval`-th is full."""

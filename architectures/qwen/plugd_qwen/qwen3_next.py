@@ -43,13 +43,12 @@ from plugd.nn.sharding import part, shard_attention, shard_blocks, share, split_
 from plugd.nn.short_conv import ShortConv, fold_conv_weights
 from plugd.nn.switch import routers_at_8_bits, stack_experts
 from plugd_qwen import qwen3, qwen3_moe
-from plugd_qwen.config import LINEAR, layer_types
+from plugd_qwen.config import LINEAR, MTP, layer_types
 
 # RMS norms whose checkpoint weight is stored as weight - 1 (output = norm(x) * (1 + weight)).
 ZERO_CENTRED_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
                       ".q_norm.weight", ".k_norm.weight", "mtp.norm.weight", "mtp.pre_fc_norm_embedding.weight",
                       "mtp.pre_fc_norm_hidden.weight")
-MTP = "mtp."
 
 Cache = RecurrentCache | KVCache
 

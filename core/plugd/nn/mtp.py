@@ -77,6 +77,20 @@ def drafter(model: nn.Module) -> MTPDrafter | None:
     return make() if make is not None else None
 
 
+def drop_head(model: nn.Module) -> None:
+    """Take the model's multi-token-prediction head (a HeadDrafter's) out of it, before its weights are evaluated,
+    so that they are never read: for a runner group, which decodes without drafting."""
+    head = getattr(drafter(model), "head", None)
+    for path, module in model.named_modules():
+        if module is head:
+            *owners, name = path.split(".")
+            owner = model
+            for key in owners:
+                owner = owner[int(key)] if isinstance(owner, list) else owner[key]
+            owner.pop(name)
+            return
+
+
 class MTPCache:
     """A multi-token-prediction head's caches beside the model's, level with them for the cache protocol.
 

@@ -17,6 +17,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from plugd.image_processor import directory_config
+from plugd.nn import mtp
 from plugd.nn.pipeline import split_layers
 from plugd.protocol import PIPELINE, TENSOR
 from plugd.runner.errors import CheckpointError
@@ -94,6 +95,7 @@ def shard(model: nn.Module, module: ModuleType, group: mx.distributed.Group, spl
     """Split `model` across `group` as `chosen_split` says: by its own `shard` (plugd.nn.sharding), or into
     consecutive stages of layers (plugd.nn.pipeline). CheckpointError where it cannot."""
     split = chosen_split(model, split)
+    mtp.drop_head(model)  # a group decodes without drafting
     if split == TENSOR and not hasattr(model, "shard"):
         raise CheckpointError(f"{module.__name__} does not say how to split its tensors across ranks (no "
                               f"Model.shard); PLUGD_GROUP_SPLIT={PIPELINE} splits its layers instead")

@@ -37,9 +37,12 @@ class RankShare:
     caches: float  # the part of the model's caches it holds
 
 
-def rank_share(tensors: dict[str, dict[str, Any]], float_bytes: int, ranks: int, split: str | None) -> RankShare:
+def rank_share(tensors: dict[str, dict[str, Any]], float_bytes: int, ranks: int, split: str | None,
+               dropped: tuple[str, ...] = ()) -> RankShare:
     """What rank 0 holds of a model of `tensors` (name -> dtype and shape) split across `ranks` as `split` says
-    (TENSOR, PIPELINE, or None where the daemon cannot tell which)."""
+    (TENSOR, PIPELINE, or None where the daemon cannot tell which); tensors named with a `dropped` prefix (a
+    multi-token-prediction head's: Architecture.drafter_tensors) are not loaded at all."""
+    tensors = {name: tensor for name, tensor in tensors.items() if not name.startswith(dropped)}
     layers = _decoder_layers(tensors)
     whole = sum(tensor_bytes(t, float_bytes) for name, t in tensors.items() if name not in layers)
     count = max(layers.values(), default=-1) + 1

@@ -261,7 +261,8 @@ class Scheduler:
         group = self._group(model)
         if group is None:
             return RankShare(memory.weight_bytes(model.tensors, self.float_bytes), 1.0)
-        return rank_share(model.tensors, self.float_bytes, group.ranks, group.split)
+        return rank_share(model.tensors, self.float_bytes, group.ranks, group.split,
+                          model.require_architecture().drafter_tensors)
 
     def _parallel(self, model: ResolvedModel, context: int, weights: int) -> int:
         """The requests the model's runner decodes together: PLUGD_NUM_PARALLEL (or OLLAMA_NUM_PARALLEL); else
