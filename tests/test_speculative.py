@@ -71,9 +71,15 @@ class Pair:
     grammars: Grammars
 
     def engine(self, draft: str, drafting: bool = True, **options) -> Engine:
-        return Engine(self.targets[draft], self.tokenizer, prefill_chunk=32,
-                      drafter=self.drafters[draft] if drafting else None, cache_policy=lambda model:
-                      make_policy("plugd_prefix_cache.policy:prefix_cache", model), **options)
+        """An engine with the prefix-cache policy. Its drafter is taken to cost nothing beside the target, as a
+        real one costs little beside a real model (these tiny ones cost a fifth to half of theirs, for which the
+        depth would mostly be 0): how deep to draft is left to acceptance alone."""
+        engine = Engine(self.targets[draft], self.tokenizer, prefill_chunk=32,
+                        drafter=self.drafters[draft] if drafting else None, cache_policy=lambda model:
+                        make_policy("plugd_prefix_cache.policy:prefix_cache", model), **options)
+        if engine.speculator is not None:
+            engine.speculator.cost = 0.0
+        return engine
 
     def plain(self, draft: str) -> Engine:
         """An engine on the same target that does not draft."""
@@ -134,15 +140,16 @@ def same(outcome: Outcome, expected: Outcome) -> bool:
 
 def test_greedy_output_is_plain_decodings(pair):
     prompts = [t.prompt for t in TRANSCRIPTS] + [OFF_SCRIPT]
+    acceptance = {}
     for name in ("trained", "untrained"):
         engine = pair.engine(name)
         for prompt in prompts:
             request = pair.request(prompt, sampling=SamplingParams(temperature=0.0))  # Ollama's repeat penalty on
             assert same(complete(engine, request), complete(pair.plain(name), request)), (name, prompt)
-        kept, drafted = engine.speculator.kept, engine.speculator.drafted
-        assert drafted > 0
-        if name == "trained":
-            assert kept > 0.6 * drafted, (kept, drafted)
+        assert engine.speculator.drafted > 0
+        acceptance[name] = engine.speculator.kept / engine.speculator.drafted
+    # Kept: the trained drafter's guesses often (less the deeper an MTP head drafts on its own), the other's seldom.
+    assert acceptance["trained"] > 0.4 and acceptance["untrained"] < 0.2, acceptance
 
 
 def test_stops_and_budgets_end_inside_a_round(pair):

@@ -187,7 +187,8 @@ def drafter_of(model: nn.Module, draft: nn.Module | None) -> Drafter | None:
     if draft is not None:
         return DraftModel(draft)
     head = drafter(model)
-    return None if head is None else HeadDraft(head, weight_bytes(head.head))
+    # Each drafted token also goes through the model's output head, which the head shares: as large as the embedding.
+    return None if head is None else HeadDraft(head, weight_bytes(head.head) + weight_bytes(head.embed))
 
 
 def weight_bytes(module: nn.Module) -> int:

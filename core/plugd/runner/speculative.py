@@ -37,13 +37,16 @@ ACCEPTANCE_WEIGHT = 0.3  # the weight of the latest round in a row's acceptance
 
 class DraftDepth:
     """How many tokens to draft for one row: the depth that maximises the expected tokens per unit of work, from
-    the acceptance measured on this row's rounds (a per-token rate, as an exponential average) and what a drafted
-    token costs next to a plain step. It depends on nothing but the row's own rounds, so a seeded request drafts
+    the acceptance measured on this row's rounds and what a drafted token costs next to a plain step.
+
+    Acceptance is kept per place in a round (an exponential average of whether the i-th drafted token was kept,
+    over the rounds that reached it), since a drafter that feeds on its own guesses (an MTP head past its first)
+    guesses worse the further it goes. It depends on nothing but the row's own rounds, so a seeded request drafts
     (and so samples) the same way every time."""
 
     def __init__(self, cost: float, limit: int, verify: tuple[float, float]):
         self.cost, self.limit, self.verify = cost, limit, verify
-        self.acceptance = ACCEPTANCE_PRIOR
+        self.acceptance = [ACCEPTANCE_PRIOR] * limit
         self._since_probe = 0
 
     def choose(self, room: int) -> int:
@@ -56,14 +59,19 @@ class DraftDepth:
         return min(best, room)
 
     def record(self, drafted: int, kept: int) -> None:
+        """A round drafted `drafted` tokens and the first `kept` of them were kept."""
         if drafted:
             self._since_probe = 0
-            rate = min(kept / drafted, 0.999)
-            self.acceptance += ACCEPTANCE_WEIGHT * (rate - self.acceptance)
+        for place in range(min(drafted, kept + 1)):  # past the first one refused, nothing was tried
+            self.acceptance[place] += ACCEPTANCE_WEIGHT * ((place < kept) - self.acceptance[place])
 
     def _gain(self, depth: int) -> float:
-        """Expected tokens per round over its cost, in plain steps: a round emits 1 + a + ... + a^depth tokens."""
-        tokens = sum(self.acceptance**i for i in range(depth + 1))
+        """Expected tokens per round over its cost, in plain steps: the token after the kept ones, and each
+        drafted token where every one before it was kept."""
+        tokens, reached = 1.0, 1.0
+        for place in range(depth):
+            reached *= self.acceptance[place]
+            tokens += reached
         fixed, per_token = self.verify
         return tokens / (1 + depth * (self.cost + per_token) + (fixed if depth else 0))
 
