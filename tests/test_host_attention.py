@@ -103,3 +103,17 @@ def test_attention_to_every_key_in_blocks_of_queries_equals_one_pass(max_scores)
     q, k, v = _tensors(4, 4, 33, 90, batch=2)
     expected = mx.fast.scaled_dot_product_attention(q, k, v, scale=SCALE)
     assert mx.abs(attend_all(q, k, v, SCALE, max_scores) - expected).max().item() < 1e-5
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (12, 4), (8, 1)])
+@pytest.mark.parametrize("mask", ["none", "rows", "heads", "additive", "window"])
+def test_a_single_query_per_row_matches_mlx(heads, kv_heads, mask):
+    """A decode step's attention (one query per row, fewer keys than go to numpy) on the CPU: each key/value head's
+    group of query heads in one product, for each mask a batch or a sliding window gives a single query."""
+    q, k, v = _tensors(heads, kv_heads, 1, 300, batch=3)
+    pads = mx.arange(300)[None] >= mx.array([0, 40, 7])[:, None]  # each row's padding, as a batch cache hides it
+    masks = {"none": None, "rows": pads[:, None, None, :], "heads": mx.broadcast_to(pads[:, None, None, :],
+             (3, heads, 1, 300)), "additive": mx.where(pads, 0.0, -1e9)[:, None, None, :],
+             "window": window_mask(299, 1, 0, 300, 64)}
+    expected = mx.fast.scaled_dot_product_attention(q, k, v, scale=SCALE, mask=masks[mask])
+    assert mx.abs(scaled_dot_product_attention(q, k, v, SCALE, masks[mask]) - expected).max().item() < 1e-5

@@ -114,7 +114,8 @@ class Engine:
         self._returned: tuple[list[Any], list[int]] | None = None  # a finished row's caches, for the policy
         self._steps = 0
         self.burst_chunks = burst_chunks
-        self._waited = 0  # the prefill chunks the batch has waited through before its first decode step
+        self._waited = 0  # the prompt positions the batch has waited through before its first decode step
+        self._joined = False  # a row joined the batch in the step under way
 
     @property
     def idle(self) -> bool:
@@ -167,6 +168,7 @@ class Engine:
         the batch waits for its burst: `_waits_for_burst`)."""
         if not self.batch.rows:
             self._waited = 0
+        self._joined = False
         if self._prefilling is None and not (self.batch.alone and self.batch.rows):
             self._start_prefill()
         evaluated = self._prefill_step()
@@ -178,12 +180,13 @@ class Engine:
             self._decode_step()
 
     def _waits_for_burst(self) -> bool:
-        """Whether the batch's first decode step waits: none of its rows has decoded yet, another prompt is being
-        prefilled or queued, and the batch has waited through fewer than `burst_chunks` chunks' positions."""
+        """Whether the batch's first decode step waits: none of its rows has decoded yet, the batch has waited
+        through fewer than `burst_chunks` chunks' positions, and another prompt is being prefilled or queued, or a
+        row joined in this very step (the next step's turn brings the requests that arrived while it prefilled)."""
         rows = self.batch.rows
-        queued = self._prefilling is not None or bool(self._waiting)
+        pending = self._prefilling is not None or bool(self._waiting) or self._joined
         room = self._waited < self.burst_chunks * self.prefill_chunk
-        return bool(rows) and queued and room and not any(s.decoding for s in rows)
+        return bool(rows) and pending and room and not any(s.decoding for s in rows)
 
     def live_bytes(self) -> int:
         """What the live caches hold: the policy's and the decoding rows'."""
@@ -235,6 +238,7 @@ class Engine:
             return
         sequence.start_decoding(self.tokenizer, mask, self.agree)
         self.batch.join(sequence, self.cache.layers)
+        self._joined = True
         self._settle(sequence, None)
 
     def _settle(self, sequence: Sequence, outcome: DoneEvent | Exception | None) -> None:
