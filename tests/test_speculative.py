@@ -207,6 +207,20 @@ def test_the_prefix_cache_resumes_the_draft_with_the_target(pair):
     assert same(resumed, complete(pair.plain("trained"), follow_up))
 
 
+def test_a_draft_that_sat_out_is_level_again_when_the_policy_takes_the_caches(pair):
+    """A draft model does not follow plain decode steps (here: drafting turned off for the request); it catches
+    up before the row's caches go back to the cache policy, and the next turn drafts from there."""
+    engine = pair.engine("trained")
+    request = pair.request(LONG.prompt, draft_tokens=0)
+    plain = complete(engine, request)
+    assert engine.speculator.drafted == 0
+    assert len({layer.offset for layer in engine.cache.layers}) == 1
+    answered = [*request.tokens, *plain.tokens, *pair.tokenizer.encode("<|im_end|>")]
+    follow_up = pair.request(SHORT.prompt, tokens=answered + pair.tokenizer.encode("\n" + SHORT.prompt))
+    assert same(complete(engine, follow_up), complete(pair.plain("trained"), follow_up))
+    assert engine.speculator.drafted > 0
+
+
 def test_a_seeded_request_samples_the_same_text_again(pair):
     sampling = SamplingParams(temperature=3.0, top_k=0, top_p=1.0, seed=11)  # hot enough to leave the script
     request = pair.request(OFF_SCRIPT, sampling=sampling, num_predict=24)

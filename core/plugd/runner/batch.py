@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 import mlx.core as mx
@@ -16,8 +16,11 @@ class Batch:
     policy's own caches, taken and given back as they are, copying nothing. A batch whose lone row decodes
     speculatively holds that row's caches as single-sequence ones (`solo`) until another row joins."""
 
-    def __init__(self, model: nn.Module, alone: bool = False):
+    def __init__(self, model: nn.Module, alone: bool = False,
+                 step: Callable[[mx.array, list[Any]], mx.array] | None = None):
+        """`step(tokens, caches)`: a decode step's forward pass (the model's call, unless it decodes otherwise)."""
         self.model = model
+        self._step = step or (lambda tokens, caches: model(tokens, cache=caches))
         self.alone = alone
         self.rows: list[Sequence] = []
         self.layers: list[Any] | None = None
@@ -78,7 +81,7 @@ class Batch:
 
     def forward(self, tokens: mx.array) -> mx.array:
         """Each row's next-token logits, (rows, vocab), after feeding it its token of `tokens` (rows,); lazy."""
-        return self.model(tokens[:, None], cache=self.layers)[:, -1]
+        return self._step(tokens[:, None], self.layers)[:, -1]
 
     @property
     def nbytes(self) -> int:

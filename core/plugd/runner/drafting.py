@@ -1,13 +1,13 @@
 """Drafters, which propose the next few tokens for the target model to verify (plugd.runner.speculative), and the
 model that keeps a drafter's caches level with the target's.
 
-A drafter's caches ride at the end of the model's cache list (`Drafted`), so every forward pass the engine runs
-(prefill chunks, decode steps, a verification) brings them along with the target's, and the cache policies, which
-see one list of caches, trim, snapshot and restore them with the rest: a prompt resumed from a restore point, or
-retried after a cancelled prefill, finds the draft exactly where the target is. A draft model pays for that with
-its share of every forward pass, drafting or not (a tenth, for a draft a tenth of the target's size); a
-checkpoint's own multi-token-prediction head only keeps the target's hidden states then, and runs over them when
-it drafts.
+A drafter's caches ride at the end of the model's cache list (`Drafted`), so the cache policies, which see one
+list of caches, trim, snapshot and restore them with the rest, and every prefill chunk brings them along with the
+target's: a prompt resumed from a restore point, or retried after a cancelled prefill, finds the draft exactly
+where the target is. While a row decodes plainly (in a batch, or where drafting does not pay), a draft model
+falls behind (it is `lazy`) and catches up from the tokens fed, in one pass, when it drafts again or when the
+row's caches go back to the policy; a checkpoint's own multi-token-prediction head only keeps the target's
+hidden states on every pass, and runs over them when it drafts.
 """
 
 from __future__ import annotations
@@ -28,14 +28,16 @@ class DraftSession(Protocol):
         """Take one (1,) token, drafted or the row's pending one, and give the logits of the position after it,
         (vocab,), lazy."""
 
-    def end(self) -> None:
-        """Put the drafter's caches back where the session began: the verifying pass feeds it the same tokens."""
+    def end(self, kept: int) -> None:
+        """The round kept `kept` positions past the session's start (its first token and the drafted ones kept):
+        the drafter's caches hold nothing past them."""
 
 
 class Drafter(Protocol):
     kind: str  # what drafts, in a word or two: a status line says it
     weight_bytes: int  # what its parameters hold: next to the target's, what a drafted token costs
     wants_hidden: bool  # `follow` takes the target's final hidden states
+    lazy: bool  # its caches may fall behind the target's in plain decode steps; `catch_up` brings them level
 
     def make_cache(self) -> list[Any]:
         """The drafter's caches, which follow the cache protocol (plugd.nn.cache) as the target's do."""
@@ -46,7 +48,10 @@ class Drafter(Protocol):
         whenever the target's logits are, so the caches never fall behind."""
 
     def session(self, cache: list[Any], fed: Sequence[int]) -> DraftSession:
-        """Drafting for one round, from caches level with the target's over the tokens `fed`."""
+        """Drafting for one round, for a target whose caches hold the tokens `fed`."""
+
+    def catch_up(self, cache: list[Any], fed: Sequence[int]) -> None:
+        """Bring a lazy drafter's caches level with a target's that hold the tokens `fed`."""
 
 
 class Checkpoint:
@@ -77,6 +82,7 @@ class DraftModel:
 
     kind = "draft model"
     wants_hidden = False
+    lazy = True
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -89,18 +95,30 @@ class DraftModel:
         return self.model(tokens, cache=cache)[:, -1]
 
     def session(self, cache: list[Any], fed: Sequence[int]) -> DraftSession:
-        return _ModelSession(self.model, cache)
+        return _ModelSession(self.model, cache, fed[cache[0].offset :])
+
+    def catch_up(self, cache: list[Any], fed: Sequence[int]) -> None:
+        for start in range(cache[0].offset, len(fed), PREFILL_CHUNK):
+            self.model(mx.array(fed[start : start + PREFILL_CHUNK], mx.int32)[None], cache=cache)
+            mx.eval([layer.state for layer in cache])
 
 
 class _ModelSession:
-    def __init__(self, model: nn.Module, cache: list[Any]):
+    """The tokens the draft fell behind by go in with the first one it is given."""
+
+    def __init__(self, model: nn.Module, cache: list[Any], behind: Sequence[int]):
         self.model, self.cache, self.start = model, cache, Checkpoint(cache)
+        self.behind, self.proposed = list(behind), 0
 
     def propose(self, token: mx.array) -> mx.array:
-        return self.model(token.reshape(1, 1), cache=self.cache)[0, -1]
+        tokens = mx.concatenate([mx.array(self.behind, mx.int32), token.reshape(1)]) if self.proposed == 0 and \
+            self.behind else token.reshape(1)
+        self.proposed += 1
+        return self.model(tokens[None], cache=self.cache)[0, -1]
 
-    def end(self) -> None:
-        self.start.keep(self.cache, 0)
+    def end(self, kept: int) -> None:
+        # Where it cannot trim back (a recurrent draft), it goes back to the start and catches up next time.
+        self.start.keep(self.cache, len(self.behind) + min(self.proposed, kept))
 
 
 class HeadDraft:
@@ -110,6 +128,7 @@ class HeadDraft:
 
     kind = "mtp head"
     wants_hidden = True
+    lazy = False
 
     def __init__(self, head: MTPDrafter, size: int):
         """`size`: the bytes the head's own layers hold."""
@@ -125,6 +144,9 @@ class HeadDraft:
         (mtp,) = cache
         self._catch_up(mtp, fed)
         return _HeadSession(self.head, mtp)
+
+    def catch_up(self, cache: list[Any], fed: Sequence[int]) -> None:
+        """Nothing: the hidden states it drafts from are kept on every pass (the head runs over them lazily)."""
 
     def _catch_up(self, mtp: MTPCache, fed: Sequence[int]) -> None:
         """Run the head over the pairs (h_t, x_t+1) it has not seen, a prefill chunk at a time."""
@@ -144,7 +166,8 @@ class _HeadSession:
         self.last = hidden[:, -1:]
         return logits[0, -1]
 
-    def end(self) -> None:
+    def end(self, kept: int) -> None:
+        # What it computed from its own hidden states is no good past the first: the next session starts over.
         for layer in self.mtp.head:
             layer.trim(layer.offset - self.start)
 
@@ -160,14 +183,26 @@ class Drafted:
     def make_cache(self) -> list[Any]:
         return [*self.target.make_cache(), *self.drafter.make_cache()]
 
-    def __call__(self, tokens: mx.array, cache: list[Any] | None = None, **kwargs: Any) -> mx.array:
+    def __call__(self, tokens: mx.array, cache: list[Any] | None = None, follow: bool = True, **kwargs: Any,
+                 ) -> mx.array:
+        """The target's logits; with `follow`, the drafter kept level over the same tokens."""
         if cache is None:
             return self.target(tokens, **kwargs)
+        if not follow:
+            return self.target(tokens, cache=self.own(cache), **kwargs)
         if self.drafter.wants_hidden:
             logits, hidden = self.target(tokens, cache=self.own(cache), return_hidden=True, **kwargs)
         else:
             logits, hidden = self.target(tokens, cache=self.own(cache), **kwargs), None
         return mx.depends(logits, self.drafter.follow(tokens, hidden, self.drafts(cache)))
+
+    def decode(self, tokens: mx.array, cache: list[Any]) -> mx.array:
+        """A plain decode step: a lazy drafter does not follow it."""
+        return self(tokens, cache, follow=not self.drafter.lazy)
+
+    def level(self, cache: list[Any], fed: Sequence[int]) -> None:
+        """Bring the drafter's caches level with the target's, which hold the tokens `fed`."""
+        self.drafter.catch_up(self.drafts(cache), fed)
 
     def own(self, cache: list[Any]) -> list[Any]:
         """The target's caches of a list `make_cache` made."""

@@ -106,7 +106,7 @@ class Engine:
         self.agree = agree
         # Only the output's shape is read: MLX builds the graph without computing it.
         self.logits_width: int = model(mx.zeros((1, 1), mx.int32), cache=model.make_cache()).shape[-1]
-        self.batch = Batch(self.model, alone=one_at_a_time)
+        self.batch = Batch(self.model, alone=one_at_a_time, step=None if drafter is None else self.model.decode)
         self.speculator = None if drafter is None else Speculator(
             self.model, self.logits_width, cost=drafter.weight_bytes / weight_bytes(model))
         self._waiting: deque[Sequence] = deque()
@@ -337,8 +337,11 @@ class Engine:
         for sequence, caches in self.batch.leave(leaving):
             if self.speculator is not None:
                 self.speculator.forget(sequence)
-            if not isinstance(sequence.outcome, Exception):
-                self._returned = (caches, sequence.held)
+            if isinstance(sequence.outcome, Exception):
+                continue
+            if self.speculator is not None:  # a lazy drafter catches up before the policy takes the caches
+                self.model.level(caches, sequence.fed_tokens()[: caches[0].offset])
+            self._returned = (caches, sequence.held)
         if self._returned is not None and self._prefilling is None:
             self.cache.adopt(*self._returned)
             self._returned = None

@@ -118,12 +118,14 @@ class Speculator:
         if sequence.structured and reading_first and sequence.read(True, eos_ids):
             self.model(first[None], cache=layers)
             return 1
-        start = Checkpoint(layers)
-        session = self.model.drafter.session(self.model.drafts(layers), sequence.fed_tokens())
+        follow = not self.model.drafter.lazy  # a lazy drafter keeps what it was fed while drafting instead
+        checked = layers if follow else self.model.own(layers)
+        start = Checkpoint(checked)
+        session = self.model.drafter.session(self.model.drafts(layers), sequence.fed_tokens()[: start.offsets[0]])
         drafted, draft_scores, allowed = self._draft(sequence, first, session, depth, eos_ids)
         fed = mx.concatenate([first, drafted])
-        kept, candidates, after = sequence.verified(self.model(fed[None], cache=layers)[0], drafted, draft_scores,
-                                                    allowed)
+        logits = self.model(fed[None], cache=layers, follow=follow)[0]
+        kept, candidates, after = sequence.verified(logits, drafted, draft_scores, allowed)
         mx.async_eval(kept, after.token)
         ended = reading_first and not sequence.structured and sequence.read(True, eos_ids)
         count = 0 if ended else kept.item()
@@ -137,8 +139,9 @@ class Speculator:
             sequence.pending = after
         self._depths[sequence].record(drafted.shape[0], count)
         self.drafted, self.kept = self.drafted + drafted.shape[0], self.kept + count
-        if not start.keep(layers, 1 + read):
-            self.model(fed[None, : 1 + read], cache=layers)
+        if not start.keep(checked, 1 + read):
+            self.model(fed[None, : 1 + read], cache=layers, follow=follow)
+        session.end(1 + read)
         return 1 + read
 
     def _draft(self, sequence: Sequence, first: mx.array, session: DraftSession, depth: int, eos_ids: frozenset[int],
@@ -165,7 +168,6 @@ class Speculator:
         if mask is not None:
             masks.append(masks[-1] if token.item() in eos_ids else mask.allowed())
             mask.rollback(len(tokens))
-        session.end()
         return mx.concatenate(tokens), mx.stack(scores), None if mask is None else mx.stack(masks)
 
     def _fit(self, logits: mx.array) -> mx.array:
