@@ -10,3 +10,4 @@ PREFILL_CHUNK = 512  # the most prompt positions one prefill step evaluates
 SNAPSHOT_LIMIT = 8  # the built-in cache policy's snapshots of the layers that cannot trim back
 EMBED_BATCH_TOKENS = 1024  # padded positions one embedding batch holds (more ran slower on a CPU: 8,192, 0.6x)
 DRAFT_TOKENS = 8  # the most tokens a speculative round drafts, unless a request's draft_tokens says otherwise
+MAX_DRAFT_TOKENS = 16  # the most a request's draft_tokens may ask for

@@ -28,11 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from plugd.constants import MAX_DRAFT_TOKENS
 from plugd.json_schema import subschemas, transformed
 from plugd.runner_api import GrammarDeadEnd, Matcher
 
 ITEMS = "*"  # an array's items, in a path of keys
-ROLLBACK_LIMIT = 16  # the most recent tokens a UniqueValues can roll back (speculative decoding drafts at most 8)
+ROLLBACK_LIMIT = MAX_DRAFT_TOKENS  # the most recent tokens a UniqueValues can roll back: a speculative round's
 _NUMBER = frozenset(b"0123456789+-.eE")  # the bytes a JSON number is written with
 _NUMBER_START = frozenset(b"-0123456789")
 

@@ -97,3 +97,25 @@ def test_log_probabilities_are_those_before_filters_and_temperature():
     _, logprobs = Sampler(SamplingParams(temperature=3.0, top_k=1, repeat_penalty=1.0, seed=1), [], 8)(logits)
     assert mx.allclose(logprobs, logits - mx.logsumexp(logits)).item()
 
+
+
+@pytest.mark.parametrize("params", [SamplingParams(top_k=3, top_p=1.0), SamplingParams(top_k=0, top_p=0.5),
+                                    SamplingParams(top_k=0, top_p=1.0, min_p=0.2),
+                                    SamplingParams(top_k=4, top_p=0.8, min_p=0.05)])
+def test_filters_over_a_row_of_positions_are_each_positions_own(params):
+    """What verifying drafted tokens filters at once, several positions' logits, equals filtering each alone."""
+    rows = mx.random.normal((5, 32), key=mx.random.key(3))
+    assert mx.array_equal(filter_logits(rows, params), mx.stack([filter_logits(row, params) for row in rows]))
+
+
+def test_a_row_of_positions_scores_as_each_position_alone():
+    """Sampler.positions (drafted tokens being verified) gives each position what `scored` gives it alone, with
+    penalties over the tokens before it and without."""
+    logits = mx.random.normal((4, 32), key=mx.random.key(5))
+    following = mx.array([3, 7, 3], mx.int32)
+    for params in (SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=0.7, repeat_penalty=1.3)):
+        sampler = Sampler(params, [1, 3, 9], num_ctx=64)
+        logprobs, scores = sampler.positions(logits, following)
+        for i in range(4):
+            alone = sampler.scored(logits[i], following[:i])
+            assert mx.allclose(logprobs[i], alone[0]) and mx.array_equal(scores[i], alone[1])

@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from plugd.constants import DRAFT_TOKENS
+from plugd.constants import DRAFT_TOKENS, MAX_DRAFT_TOKENS
 from plugd.protocol import Completion, SamplingParams
 from plugd.types import Options, structure
 
@@ -35,7 +35,7 @@ _COUNT = 2**31 - 1
 RANGES: dict[str, tuple[float | None, float | None]] = {
     "num_ctx": (1, _COUNT), "num_batch": (1, _COUNT), "num_predict": (None, _COUNT), "num_keep": (None, _COUNT),
     "repeat_last_n": (-1, _COUNT), "temperature": (0, None), "top_k": (0, _COUNT), "top_p": (0, 1), "min_p": (0, 1),
-    "seed": (None, 2**64 - 1), "draft_tokens": (0, 16),
+    "seed": (None, 2**64 - 1), "draft_tokens": (0, MAX_DRAFT_TOKENS),
 }
 # generation_config.json keys that mean the same as an Ollama option.
 _GENERATION_CONFIG = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",

@@ -38,21 +38,23 @@ def apply_penalties(logits: mx.array, recent: mx.array, params: SamplingParams) 
 
 
 def filter_logits(logits: mx.array, params: SamplingParams) -> mx.array:
-    """Set the logits of tokens that top-k, top-p or min-p rule out to -inf; the likeliest token always stays."""
+    """Set the logits of tokens that top-k, top-p or min-p rule out to -inf, over the last axis (a position, or a
+    row of them); the likeliest token always stays."""
     vocab = logits.shape[-1]
     if 0 < params.top_k < vocab:
-        ruled_out = mx.argpartition(-logits, kth=params.top_k - 1)[params.top_k :]
+        ruled_out = mx.argpartition(-logits, kth=params.top_k - 1, axis=-1)[..., params.top_k :]
         logits = mx.put_along_axis(logits, ruled_out, mx.array(NEGATIVE_INFINITY, logits.dtype), axis=-1)
     if params.top_p < 1.0:
-        order = mx.argsort(-logits)
-        probs = mx.softmax(logits[order])
-        mass_before = mx.cumsum(probs) - probs
+        order = mx.argsort(-logits, axis=-1)
+        probs = mx.softmax(mx.take_along_axis(logits, order, axis=-1), axis=-1)
+        mass_before = mx.cumsum(probs, axis=-1) - probs
         keep_sorted = (mass_before < params.top_p) | (mx.arange(vocab) == 0)
-        keep = mx.put_along_axis(mx.zeros(vocab, mx.bool_), order, keep_sorted, axis=-1)
+        keep = mx.put_along_axis(mx.zeros(logits.shape, mx.bool_), order, keep_sorted, axis=-1)
         logits = mx.where(keep, logits, NEGATIVE_INFINITY)
     if params.min_p > 0.0:
         # p >= min_p * p_max  <=>  logit >= max logit + log(min_p)
-        logits = mx.where(logits >= logits.max() + math.log(params.min_p), logits, NEGATIVE_INFINITY)
+        logits = mx.where(logits >= logits.max(axis=-1, keepdims=True) + math.log(params.min_p), logits,
+                          NEGATIVE_INFINITY)
     return logits
 
 
@@ -86,6 +88,8 @@ class Sampler:
         after one more token of `following` (n - 1 tokens, not yet drawn as far as this sampler knows): each
         position's log-probabilities, as `__call__` gives them, and its scores (`choose`), both (n, vocab) and
         lazy. `allowed`: each position's grammar mask, (n, vocab)."""
+        if not self._window:  # nothing depends on the tokens before: every position at once
+            return self._processed(logits, self._recent, allowed)
         scored = [self.scored(logits[i], following[:i], None if allowed is None else allowed[i])
                   for i in range(logits.shape[0])]
         return mx.stack([logprobs for logprobs, _ in scored]), mx.stack([scores for _, scores in scored])
@@ -124,7 +128,7 @@ class Sampler:
             logits = mx.where(allowed, logits, NEGATIVE_INFINITY)
         if self._window and recent.size:
             logits = apply_penalties(logits, recent, self.params)
-        logprobs = logits - mx.logsumexp(logits)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         if self.params.greedy:
             return logprobs, logits
         return logprobs, filter_logits(logits, self.params) / self.params.temperature

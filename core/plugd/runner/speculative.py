@@ -22,6 +22,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from plugd.constants import MAX_DRAFT_TOKENS
 from plugd.runner.drafting import Checkpoint, Drafted, DraftSession
 from plugd.runner.sequence import Sequence
 
@@ -31,22 +32,32 @@ from plugd.runner.sequence import Sequence
 # for 2 positions, 1.45x for 5, 1.89x for 9).
 VERIFY_COST = {"cpu": (0.2, 0.1), "gpu": (0.02, 0.02)}
 PROBE_EVERY = 32  # while drafting does not pay, a round of depth 1 every this many tokens measures it again
-ACCEPTANCE_PRIOR = 0.6  # what a row's acceptance is taken to be before its first round
+ACCEPTANCE_PRIOR = 0.6  # what a row's acceptance is taken to be before its first round (but see Speculator.depth)
 ACCEPTANCE_WEIGHT = 0.3  # the weight of the latest round in a row's acceptance
+
+
+class Acceptance:
+    """Per place in a round, an exponential average of whether the drafted token there was kept, over the rounds
+    that reached it: a drafter that feeds on its own guesses (an MTP head past its first) guesses worse the
+    further it goes."""
+
+    def __init__(self, places: list[float]):
+        self.places = list(places)
+
+    def record(self, drafted: int, kept: int) -> None:
+        """A round drafted `drafted` tokens and the first `kept` of them were kept."""
+        for place in range(min(drafted, kept + 1, len(self.places))):  # past the first refused, none was tried
+            self.places[place] += ACCEPTANCE_WEIGHT * ((place < kept) - self.places[place])
 
 
 class DraftDepth:
     """How many tokens to draft for one row: the depth that maximises the expected tokens per unit of work, from
-    the acceptance measured on this row's rounds and what a drafted token costs next to a plain step.
+    the acceptance measured on the row's rounds (starting from `prior`) and what a drafted token costs next to a
+    plain step."""
 
-    Acceptance is kept per place in a round (an exponential average of whether the i-th drafted token was kept,
-    over the rounds that reached it), since a drafter that feeds on its own guesses (an MTP head past its first)
-    guesses worse the further it goes. It depends on nothing but the row's own rounds, so a seeded request drafts
-    (and so samples) the same way every time."""
-
-    def __init__(self, cost: float, limit: int, verify: tuple[float, float]):
+    def __init__(self, cost: float, limit: int, verify: tuple[float, float], prior: list[float]):
         self.cost, self.limit, self.verify = cost, limit, verify
-        self.acceptance = [ACCEPTANCE_PRIOR] * limit
+        self.acceptance = Acceptance(prior[:limit])
         self._since_probe = 0
 
     def choose(self, room: int) -> int:
@@ -59,18 +70,16 @@ class DraftDepth:
         return min(best, room)
 
     def record(self, drafted: int, kept: int) -> None:
-        """A round drafted `drafted` tokens and the first `kept` of them were kept."""
         if drafted:
             self._since_probe = 0
-        for place in range(min(drafted, kept + 1)):  # past the first one refused, nothing was tried
-            self.acceptance[place] += ACCEPTANCE_WEIGHT * ((place < kept) - self.acceptance[place])
+        self.acceptance.record(drafted, kept)
 
     def _gain(self, depth: int) -> float:
         """Expected tokens per round over its cost, in plain steps: the token after the kept ones, and each
         drafted token where every one before it was kept."""
         tokens, reached = 1.0, 1.0
         for place in range(depth):
-            reached *= self.acceptance[place]
+            reached *= self.acceptance.places[place]
             tokens += reached
         fixed, per_token = self.verify
         return tokens / (1 + depth * (self.cost + per_token) + (fixed if depth else 0))
@@ -84,6 +93,7 @@ class Speculator:
         the target's)."""
         self.model, self.width, self.cost = model, width, cost
         self._depths: dict[Sequence, DraftDepth] = {}
+        self._learned = Acceptance([ACCEPTANCE_PRIOR] * MAX_DRAFT_TOKENS)  # over every row's rounds
         self.drafted = self.kept = 0  # tokens drafted and kept, over every round
 
     def depth(self, sequence: Sequence) -> int:
@@ -96,8 +106,12 @@ class Speculator:
         limit = sequence.request.draft_tokens
         if not limit:
             return 0
-        verify = VERIFY_COST[mx.default_device().type.name]
-        return self._depths.setdefault(sequence, DraftDepth(self.cost, limit, verify)).choose(room)
+        if sequence not in self._depths:
+            # A greedy row starts from what this runner's rows have measured so far, since its output does not
+            # depend on how deep it drafts; a sampled one from the prior, so that its seed gives its text again.
+            prior = self._learned.places if sequence.request.sampling.greedy else [ACCEPTANCE_PRIOR] * limit
+            self._depths[sequence] = DraftDepth(self.cost, limit, VERIFY_COST[mx.default_device().type.name], prior)
+        return self._depths[sequence].choose(room)
 
     def stats(self) -> dict[str, Any]:
         """What drafts, and the tokens drafted and kept so far, for a status line."""
@@ -138,6 +152,7 @@ class Speculator:
             sequence.sampler.advance(mx.concatenate([drafted[:count], after.token[None]]))
             sequence.pending = after
         self._depths[sequence].record(drafted.shape[0], count)
+        self._learned.record(drafted.shape[0], count)
         self.drafted, self.kept = self.drafted + drafted.shape[0], self.kept + count
         if not start.keep(checked, 1 + read):
             self.model(fed[None, : 1 + read], cache=layers, follow=follow)
