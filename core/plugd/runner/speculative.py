@@ -31,7 +31,9 @@ from plugd.runner.sequence import Sequence
 # CPU the pass leaves matrix-vector kernels for matrix-matrix ones (bench/decode.py's model: 1.28x a plain step
 # for 2 positions, 1.45x for 5, 1.89x for 9).
 VERIFY_COST = {"cpu": (0.2, 0.1), "gpu": (0.02, 0.02)}
-PROBE_EVERY = 32  # while drafting does not pay, a round of depth 1 every this many tokens measures it again
+# While drafting does not pay, a round of depth 1 measures it again after this many tokens, twice as many after
+# each probe whose draft was refused (up to PROBE_LONGEST), as many again after one kept.
+PROBE_EVERY, PROBE_LONGEST = 32, 256
 ACCEPTANCE_PRIOR = 0.6  # what a row's acceptance is taken to be before its first round (but see Speculator.depth)
 ACCEPTANCE_WEIGHT = 0.3  # the weight of the latest round in a row's acceptance
 
@@ -58,19 +60,22 @@ class DraftDepth:
     def __init__(self, cost: float, limit: int, verify: tuple[float, float], prior: list[float]):
         self.cost, self.limit, self.verify = cost, limit, verify
         self.acceptance = Acceptance(prior[:limit])
-        self._since_probe = 0
+        self._since_probe, self._probe_every = 0, PROBE_EVERY
 
     def choose(self, room: int) -> int:
         """The depth of the next round, at most `room`; 0 for a plain decode step."""
         best = max(range(self.limit + 1), key=self._gain)
         if best == 0:
             self._since_probe += 1
-            if self._since_probe >= PROBE_EVERY:
+            if self._since_probe >= self._probe_every:
                 best = 1
         return min(best, room)
 
     def record(self, drafted: int, kept: int) -> None:
         if drafted:
+            probing = self._since_probe >= self._probe_every
+            if probing:
+                self._probe_every = PROBE_EVERY if kept else min(2 * self._probe_every, PROBE_LONGEST)
             self._since_probe = 0
         self.acceptance.record(drafted, kept)
 
