@@ -294,3 +294,23 @@ def _fits(samples: np.ndarray, distribution: np.ndarray) -> float:
     observed = np.append(counts[common], counts[~common].sum())
     wanted = np.append(expected[common], expected[~common].sum())
     return stats.chisquare(observed, wanted * observed.sum() / wanted.sum()).pvalue
+
+
+def test_the_buffer_pool_is_released_when_a_round_crosses_a_multiple_of_256(tmp_path, monkeypatch):
+    """MLX's pool of freed buffers goes back every 256 positions decoded, also where a round of several tokens
+    steps over the multiple rather than onto it."""
+    qwen3 = architecture_module("qwen3")
+    target = load_model(write_checkpoint(tmp_path / "target", "qwen3", seed=1), qwen3)
+    from_dir = Tokenizer.from_dir(tmp_path / "target")
+    tokenizer = Tokenizer(from_dir._tokenizer, eos_ids=())  # a random model's stray end of turn ends nothing here
+    engine = Engine(target, tokenizer, drafter=DraftModel(target))  # a draft that always agrees: rounds of 8
+    engine.speculator.cost = 0.0
+    released, rounds = [], []
+    monkeypatch.setattr(mx, "clear_cache", lambda: released.append(len(rounds)))
+    round_ = engine.speculator.round
+    monkeypatch.setattr(engine.speculator, "round", lambda *args: rounds.append(round_(*args)) or rounds[-1])
+    request = Completion(tokens=tokenizer.encode(turn("hello")), sampling=GREEDY, num_predict=300, num_ctx=512)
+    events = list(engine.complete(request, lambda: False))
+    assert events[-1].eval_count == 300 and engine.speculator.kept > 250  # nearly every token drafted and kept
+    # Once, after the round that fed the 256th position (in about 40 rounds: counting steps, none would have).
+    assert len(released) == 1 and sum(rounds[: released[0] - 1]) < 256 <= sum(rounds[: released[0]])
