@@ -91,10 +91,11 @@ def test_greedy_output_is_what_plain_decoding_gives(server, model, drafter):
 
 @pytest.mark.parametrize("model", ["drafted", "mtp"])
 def test_a_structured_request_drafts_and_answers_the_same(server, model):
-    before = drafting(server, model)["drafted"] if model in _loaded(server) else 0
+    # A fresh runner: one that has measured poor acceptance on earlier requests would rightly decode plainly.
+    ollama.Client(host=server.url).generate(model=model, keep_alive=0)
     plain, drafted = (generate(server, model, STRUCTURED.prompt, choice, format="json") for choice in (False, True))
     assert drafted.response == plain.response and json.loads(drafted.response)
-    assert drafting(server, model)["drafted"] > before
+    assert drafting(server, model)["drafted"] > 0
 
 
 @pytest.mark.parametrize("model", ["slow-drafted", "slow-mtp"])
@@ -111,6 +112,3 @@ def test_a_prompt_left_during_its_prefill_resumes_with_its_drafter(server, model
     assert retried.response == generate(server, model, LONG_PROMPT, False).response
     assert drafting(server, model)["drafted"] > 0
 
-
-def _loaded(server) -> set[str]:
-    return {m["name"].removesuffix(":latest") for m in httpx.get(f"{server.url}/api/ps").json()["models"]}
