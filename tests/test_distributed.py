@@ -1,5 +1,5 @@
 """One model over a runner group (plugd.runner.group): two ranks of MLX's ring backend on loopback, started by
-MLX's own launcher from a host file, against the same model in one process, through the HTTP API and the
+plugd.group_launcher from a host file, against the same model in one process, through the HTTP API and the
 official ollama client.
 
 Split by tensors, each rank holds half of every split layer (plugd.nn.sharding); split into a pipeline, each
@@ -190,6 +190,23 @@ def test_a_rank_that_dies_fails_its_requests_and_the_next_request_starts_the_gro
     assert "runner group" in failed.value.error or "peer" in failed.value.error
     assert generate(group, "qwen3").response == generate(alone, "qwen3").response
     assert follower not in [rank["pid"] for rank in group_of(group, "qwen3")]
+
+
+def test_an_idle_group_sleeps(servers):
+    """Between requests neither the launcher nor a rank spends CPU: the launcher waits for its ranks to end, and
+    a follower for the leader's doorbell, not in the ring backend's polling receive."""
+    _, group = servers
+    generate(group, "qwen3")
+    ranks = [psutil.Process(rank["pid"]) for rank in group_of(group, "qwen3")]
+    processes = [*ranks, ranks[0].parent()]
+    assert "plugd.group_launcher" in processes[-1].cmdline()
+
+    def cpu_seconds() -> float:
+        return sum(sum(process.cpu_times()[:2]) for process in processes)
+
+    before = cpu_seconds()
+    time.sleep(3)
+    assert cpu_seconds() - before < 0.3  # a spinning one spends about 3
 
 
 def test_unloading_stops_every_rank(servers):

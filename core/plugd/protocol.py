@@ -22,7 +22,7 @@ from plugd.types import converter
 GRAMMAR_KINDS = ("json", "json_schema")
 
 
-# The daemon's pid, given to a group's ranks: their parent is MLX's launcher, not the daemon.
+# The daemon's pid, given to a group's ranks: their parent is the group's launcher, not the daemon.
 DAEMON_PID_VARIABLE = "PLUGD_DAEMON_PID"
 GROUP_BACKEND = "ring"  # the MLX distributed backend a runner group's ranks talk over
 # How a group splits its model: each layer's heads and hidden units shared out among the ranks (plugd.nn.sharding),

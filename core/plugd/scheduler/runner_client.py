@@ -135,7 +135,7 @@ class RunnerProcess:
             env = runner_env() | ({} if group is None else {DAEMON_PID_VARIABLE: str(os.getpid())})
             with self.log_path.open("wb") as log_file:
                 self.process = await asyncio.create_subprocess_exec(
-                    *([sys.executable, *runner] if group is None else launch_command(group, runner)),
+                    *([sys.executable, *runner] if group is None else launch_command(group, runner, self.workdir)),
                     stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file, env=env,
                     start_new_session=group is not None,  # the launcher and its ranks, to be killed together
                 )

@@ -1,6 +1,6 @@
 """Serving one model over several machines: the host file of a runner group, and the command that launches it.
 
-The group is started by MLX's own launcher (`mlx.launch`, ring backend) from a host file in MLX's format: one
+The group is started by plugd.group_launcher on MLX's ring backend, from a host file in MLX's format: one
 entry per rank, `{"ssh": host, "ips": [address, ...]}`, in a JSON list or under the "hosts" of an object (as
 `mlx.distributed_config` writes it). Rank 0 is the first entry and must be
 this machine ("127.0.0.1", which the launcher runs without ssh, or a name that reaches it); it serves the runner
@@ -10,7 +10,6 @@ protocol on the daemon's socket. The daemon imports nothing of MLX: the launcher
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import sys
 from pathlib import Path
@@ -66,13 +65,12 @@ class Hosts:
                            self.split)
 
 
-def launch_command(group: GroupLayout, runner: list[str]) -> list[str]:
-    """The launcher's command line that runs `runner` (arguments to this Python) as every rank of `group`."""
-    launcher = shutil.which("mlx.launch", path=str(Path(sys.executable).parent)) or shutil.which("mlx.launch")
-    if launcher is None:
-        raise GroupError("MLX's launcher (mlx.launch) is not installed, so no runner group can start")
-    return [launcher, "--backend", GROUP_BACKEND, "--hostfile", group.hostfile, "--starting-port",
-            str(free_ports(group.ranks)), "--python", sys.executable, "--", *runner]
+def launch_command(group: GroupLayout, runner: list[str], workdir: Path) -> list[str]:
+    """The launcher's command line (plugd.group_launcher) that runs `runner` (arguments to this Python) as every
+    rank of `group`, with the ranks' addresses listed in `workdir`."""
+    port = free_ports(group.ranks)
+    return [sys.executable, "-m", "plugd.group_launcher", "--hostfile", group.hostfile, "--starting-port", str(port),
+            "--listing", str(workdir / f"ring-{port}.json"), "--", *runner]
 
 
 def free_ports(count: int) -> int:
