@@ -34,6 +34,7 @@ BENCH = Path(__file__).parents[1] / "bench"
                            + [rf"ratio {group} group rank {rank} {what}/weights" for group in ("tensor", "pipeline")
                               for rank in (0, 1) for what in ("peak RSS", "load peak")]),
         ("speculative.py", [r"ratio agreeing plugd drafting/plain", r"ratio disagreeing plugd drafting/plain",
+                            r"ratio agreeing plugd drafting/mlx-lm speculative k=3 \(mlx-lm's default\)",
                             r"ratio agreeing plugd drafting/mlx-lm speculative k=\d \(mlx-lm's best\)"]),
         ("concurrency.py", [r"ratio aggregate decode at 4 streams plugd/plugd single stream",
                             r"ratio aggregate decode at 4 streams plugd/mlx_lm.server",
