@@ -33,7 +33,7 @@ from plugd.json_schema import subschemas, transformed
 from plugd.runner_api import GrammarDeadEnd, Matcher
 
 ITEMS = "*"  # an array's items, in a path of keys
-ROLLBACK_LIMIT = MAX_DRAFT_TOKENS  # the most recent tokens a UniqueValues can roll back: a speculative round's
+ROLLBACK_LIMIT = MAX_DRAFT_TOKENS  # the most recent tokens a UniqueValues can roll back: a round's drafts at most
 _NUMBER = frozenset(b"0123456789+-.eE")  # the bytes a JSON number is written with
 _NUMBER_START = frozenset(b"-0123456789")
 

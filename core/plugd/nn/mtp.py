@@ -21,14 +21,11 @@ and the chunk's tokens shifted by one, the last paired with the token sampled af
     logits, h = draft(h[:, -1:], first, draft_cache)                         # drafts x_n+2, and so on
 
 Drafts past the first pair the head's own hidden state with its own draft. Once the model has checked them (and
-computed its hidden states for them), the drafter's cache goes back to where the drafting began (`trim`) and the
-drafter runs over the model's hidden states of the accepted positions, as over a prompt chunk, which also drafts
-the next first token.
+computed its hidden states for them), the head's cache goes back to where the drafting began (`trim`), and the
+next round first runs the head over the model's hidden states of the positions kept, as over a prompt chunk.
 
-Fed as a draft model is, chunk by chunk with the tokens the model was fed, the head pairs each call's first token
-with the model's last hidden state of the call before (kept from it), then each hidden state with the token after
-it, so its cache runs one position behind the model's; asked for the token after one more, it pairs the last
-hidden state it kept with that token.
+The runner (plugd.runner.drafting) does not run the head on every forward pass: `MTPCache` keeps the model's
+hidden states as the positions go by, and the head catches up on them when it drafts.
 """
 
 from __future__ import annotations
@@ -119,9 +116,7 @@ class MTPCache:
 
     def store(self, hidden: mx.array) -> mx.array:
         """Keep the model's final hidden states, (batch, length, size), of the positions it was just fed."""
-        half = hidden.shape[-1] // 2
-        keys, _ = self.hidden.update_and_fetch(hidden[:, None, :, :half], hidden[:, None, :, half:])
-        return keys
+        return _stored(self.hidden, hidden)
 
     def kept(self, start: int, end: int) -> mx.array:
         """The hidden states of positions [start, end), (1, end - start, size)."""
@@ -165,9 +160,7 @@ class BatchMTPCache:
         return self.hidden.offset
 
     def store(self, hidden: mx.array) -> mx.array:
-        half = hidden.shape[-1] // 2
-        keys, _ = self.hidden.update_and_fetch(hidden[:, None, :, :half], hidden[:, None, :, half:])
-        return keys
+        return _stored(self.hidden, hidden)
 
     def extend(self, caches: list[MTPCache], limits: list[int]) -> None:
         self.hidden.extend([cache.hidden for cache in caches], limits)
@@ -183,3 +176,10 @@ class BatchMTPCache:
     @property
     def nbytes(self) -> int:
         return self.hidden.nbytes + sum(layer.nbytes for head in self.heads for layer in head)
+
+
+def _stored(cache: Any, hidden: mx.array) -> mx.array:
+    """`hidden`, (batch, length, size), appended to a one-head key/value `cache` as its two halves; lazy."""
+    half = hidden.shape[-1] // 2
+    keys, _ = cache.update_and_fetch(hidden[:, None, :, :half], hidden[:, None, :, half:])
+    return keys
